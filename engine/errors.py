@@ -1,0 +1,56 @@
+"""Errors named for what happened. HTTP status codes live in compat/errors.py only."""
+from __future__ import annotations
+
+
+class EngineError(Exception):
+    """Base of everything the engine raises on purpose."""
+
+
+class UnsupportedCheckpoint(EngineError):
+    """The checkpoint's family, head or layout is not one we serve."""
+
+
+class CheckpointNotFound(EngineError):
+    """The -m folder or -hf repo could not be found or downloaded."""
+
+
+class InvalidInput(EngineError):
+    """A client sent something the engine cannot use (bad token ids, bad prompt parts)."""
+
+
+class EmptyInput(InvalidInput):
+    """An input tokenized to no tokens at all."""
+
+
+class InvalidTokens(InvalidInput):
+    """A token id outside [0, n_vocab)."""
+
+
+class InputTooLong(InvalidInput):
+    """An input exceeds the per-input limit and truncation is off.
+
+    limit_kind is 'ubatch' (llama's physical batch), 'positions' (the model's position table) or
+    'context' (the per-slot context from -c).
+    """
+
+    def __init__(self, n_tokens: int, limit: int, limit_kind: str):
+        self.n_tokens = n_tokens
+        self.limit = limit
+        self.limit_kind = limit_kind
+        super().__init__(f"input ({n_tokens} tokens) exceeds the {limit_kind} limit of {limit} tokens")
+
+
+class NotLoaded(EngineError):
+    """The model is still loading (or failed to)."""
+
+
+class QueueFull(EngineError):
+    """The engine's bounded queue cannot take the request's inputs now."""
+
+
+class ReplyTimeout(EngineError):
+    """The request was not served within its deadline."""
+
+
+class ForwardFailed(EngineError):
+    """The forward pass raised; the batch's requests fail, the engine keeps serving."""

@@ -1,0 +1,88 @@
+"""Plain data shared by the engine and its callers. Nothing here imports MLX."""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class Pooling(str, enum.Enum):
+    """How per-token hidden states become one vector (llama-server's --pooling, plus max)."""
+
+    NONE = "none"
+    MEAN = "mean"
+    CLS = "cls"
+    LAST = "last"
+    MAX = "max"
+    RANK = "rank"
+
+
+class VocabType(enum.IntEnum):
+    """llama.h's vocabulary kinds, as /v1/models meta.vocab_type reports them."""
+
+    NONE = 0
+    SPM = 1
+    BPE = 2
+    WPM = 3
+    UGM = 4
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """Everything the engine needs to load and serve one checkpoint."""
+
+    model_path: str | None = None  # a local Hugging Face layout folder
+    hf_repo: str | None = None  # org/name resolved through the huggingface-hub cache
+    offline: bool = False
+    pooling: Pooling | None = None  # None: 1_Pooling/config.json, else the family default
+    ubatch_tokens: int = 512  # llama's effective n_ubatch: the longest input accepted
+    ctx_size: int = 0  # llama's -c; 0 = the model's own
+    parallel: int = -1  # llama's -np; -1 = auto (4 slots, unified KV)
+    truncate: bool = False  # cut over-long inputs instead of refusing them
+    max_batch_tokens: int = 8192  # rows x padded width of one forward pass
+    max_batch_rows: int = 64
+    max_queue_items: int = 4096  # inputs waiting for the engine thread; more is QueueFull
+    threads: int = -1  # BLAS threads; <= 0 leaves the library default
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What a loaded checkpoint is, for /props, /v1/models and the limits."""
+
+    path: str
+    model_type: str
+    architecture: str
+    vocab_type: VocabType
+    n_vocab: int
+    n_embd: int
+    n_ctx_train: int  # position capacity
+    n_params: int
+    size_bytes: int
+    ftype: str
+    pooling: Pooling  # resolved: --pooling > 1_Pooling > family default
+    max_input_tokens: int  # per-input limit: min(positions, ubatch, slot context)
+    truncate_tokens: int  # the checkpoint's own max length, used when truncating
+    slot_ctx: int  # llama's per-slot n_ctx
+    n_slots: int  # llama's total_slots
+    bos_token: str = ""
+    eos_token: str = ""
+
+
+@dataclass
+class Timings:
+    """Seconds spent per stage of one request (summed over its inputs' batches)."""
+
+    tokenize_s: float = 0.0
+    queue_s: float = 0.0
+    inference_s: float = 0.0
+
+
+@dataclass
+class EmbedResult:
+    """Embeddings for one request, in input order.
+
+    vectors[i] is float32 [D] for pooled modes, [n_tokens_i, D] for Pooling.NONE; never normalized here.
+    """
+
+    vectors: list
+    n_tokens: list[int]
+    timings: Timings = field(default_factory=Timings)
