@@ -86,3 +86,6 @@ class EmbedResult:
     vectors: list
     n_tokens: list[int]
     timings: Timings = field(default_factory=Timings)
+
+
+DEFAULT_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"

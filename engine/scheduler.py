@@ -1,0 +1,59 @@
+"""Batching policy, pure: which waiting inputs go into the next forward pass. No threads, no MLX."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+
+class Waiting(Protocol):
+    n_tokens: int
+    seq: int  # arrival order
+
+
+def padded_width(n_tokens: int) -> int:
+    """Rows are padded to a multiple of 8 so a few shapes serve many lengths."""
+    return max(8, (n_tokens + 7) // 8 * 8)
+
+
+@dataclass(frozen=True)
+class BatchLimits:
+    max_tokens: int  # rows x padded width
+    max_rows: int
+
+
+def next_batch(waiting: Sequence[Waiting], limits: BatchLimits) -> list[int]:
+    """Indices (into `waiting`) of the next batch.
+
+    The oldest input always goes in, so nothing starves. Neighbours in length order join it, nearest
+    length first, while rows x padded width stays within the token budget and the row cap. An input
+    longer than the budget runs alone.
+    """
+    if not waiting:
+        return []
+    order = sorted(range(len(waiting)), key=lambda i: (waiting[i].n_tokens, waiting[i].seq))
+    anchor = order.index(min(range(len(waiting)), key=lambda i: waiting[i].seq))
+    lo = hi = anchor
+    width = padded_width(waiting[order[anchor]].n_tokens)
+    target = waiting[order[anchor]].n_tokens
+    can_left = can_right = True
+    while hi - lo + 1 < limits.max_rows:
+        candidates = []
+        if can_left and lo > 0:
+            candidates.append((target - waiting[order[lo - 1]].n_tokens, lo - 1))
+        if can_right and hi < len(order) - 1:
+            candidates.append((waiting[order[hi + 1]].n_tokens - target, hi + 1))
+        if not candidates:
+            break
+        _, pick = min(candidates)
+        new_width = max(width, padded_width(waiting[order[pick]].n_tokens))
+        if (hi - lo + 2) * new_width > limits.max_tokens:
+            # A longer neighbour may widen the batch past the budget while a shorter one still fits.
+            if pick > hi:
+                can_right = False
+            else:
+                can_left = False
+            continue
+        width = new_width
+        lo, hi = min(lo, pick), max(hi, pick)
+    return [order[k] for k in range(lo, hi + 1)]

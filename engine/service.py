@@ -1,0 +1,147 @@
+"""The Engine facade: tokenize on the caller's thread, one queue item per input, results in input order."""
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from engine import blas, checkpoint, limits, pooling, registry
+from engine.errors import EmptyInput, InvalidTokens, NotLoaded, ReplyTimeout, UnsupportedCheckpoint
+from engine.pipeline import EmbeddingPipeline
+from engine.scheduler import BatchLimits
+from engine.tokenize import TextTokenizer
+from engine.types import EmbedResult, EngineOptions, ModelInfo, Pooling, Timings
+from engine.worker import Runner, Worker
+
+log = logging.getLogger(__name__)
+
+
+class Engine:
+    """One checkpoint served by one engine thread. Construction returns at once; the load runs there."""
+
+    def __init__(self, options: EngineOptions):
+        self.options = options
+        self.model_ref = options.model_path or options.hf_repo or ""
+        self._info: ModelInfo | None = None
+        self._tokenizer: TextTokenizer | None = None
+        self._in_flight = 0
+        self._in_flight_lock = threading.Lock()
+        self._worker = Worker(self._load, BatchLimits(options.max_batch_tokens, options.max_batch_rows),
+                              options.max_queue_items)
+
+    # -- loading (runs on the engine thread) -------------------------------------------------------
+    def _load(self) -> tuple[Runner, int]:
+        started = time.monotonic()
+        opts = self.options
+        blas.set_threads(opts.threads)
+        ckpt = checkpoint.read(checkpoint.resolve(opts.model_path, opts.hf_repo, opts.offline))
+        tokenizer = TextTokenizer(ckpt)
+        loaded = registry.load_embedder(ckpt)
+        mode = pooling.resolve(opts.pooling, ckpt.pooling, loaded.default_pooling)
+        if mode is Pooling.RANK:
+            raise UnsupportedCheckpoint(
+                f"{ckpt.path}: pooling 'rank' (--reranking) needs a reranker checkpoint; "
+                f"{ckpt.architecture or ckpt.model_type} is an embedding model")
+        n_positions = loaded.model.n_positions
+        slot_ctx, n_slots = limits.slots(opts.ctx_size, opts.parallel, n_positions)
+        max_input = limits.input_limit(n_positions, opts.ubatch_tokens, slot_ctx if opts.ctx_size > 0 else None)
+        runner = EmbeddingPipeline(loaded.model, mode)
+        runner(np.array([[tokenizer.pad_id] * 8], dtype=np.int32), np.ones((1, 8), np.int32), [8])  # warm-up
+        self._tokenizer = tokenizer
+        self._info = ModelInfo(
+            path=str(ckpt.path), model_type=ckpt.model_type, architecture=ckpt.architecture,
+            vocab_type=tokenizer.vocab_type, n_vocab=tokenizer.n_vocab, n_embd=loaded.model.hidden_size,
+            n_ctx_train=n_positions, n_params=loaded.n_params, size_bytes=loaded.size_bytes, ftype=loaded.ftype,
+            pooling=mode, max_input_tokens=max_input,
+            truncate_tokens=limits.truncation_length(ckpt.max_seq_length, n_positions, max_input),
+            slot_ctx=slot_ctx, n_slots=n_slots, bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token)
+        log.info("loaded %s (%s, %s) in %.2f s: pooling %s, %d params, per-input limit %d tokens, BLAS: %s",
+                 ckpt.path, ckpt.model_type, ckpt.architecture or "-", time.monotonic() - started, mode.value,
+                 loaded.n_params, max_input, blas.description)
+        return runner, tokenizer.pad_id
+
+    # -- state ------------------------------------------------------------------------------------
+    @property
+    def is_loaded(self) -> bool:
+        return self._worker.loaded.is_set() and self._worker.load_error is None
+
+    def wait_loaded(self, timeout: float | None = None) -> ModelInfo:
+        if not self._worker.loaded.wait(timeout):
+            raise NotLoaded("the model is still loading")
+        if self._worker.load_error is not None:
+            raise self._worker.load_error
+        return self.info
+
+    @property
+    def info(self) -> ModelInfo:
+        if self._info is None or not self.is_loaded:
+            raise NotLoaded("the model is not loaded")
+        return self._info
+
+    @property
+    def tokenizer(self) -> TextTokenizer:
+        if self._tokenizer is None or not self.is_loaded:
+            raise NotLoaded("the model is not loaded")
+        return self._tokenizer
+
+    # -- tokens -----------------------------------------------------------------------------------
+    def encode_prompt(self, parts: Sequence[str | int], add_special: bool = True,
+                      parse_special: bool = True) -> list[int]:
+        return self.tokenizer.encode_prompt(parts, add_special, parse_special)
+
+    def token_pieces(self, ids: Sequence[int]) -> list[str | list[int]]:
+        return self.tokenizer.pieces(ids)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(ids)
+
+    # -- embeddings -------------------------------------------------------------------------------
+    def embed(self, token_lists: list[list[int]], *, truncate: bool | None = None,
+              timeout_s: float = 3600) -> EmbedResult:
+        """Embed already tokenized inputs. Vectors are not normalized (callers choose embd_normalize)."""
+        info = self.info
+        cut = self.options.truncate if truncate is None else truncate
+        fitted = [self._fit(ids, info, cut) for ids in token_lists]
+        with self._in_flight_lock:
+            self._in_flight += 1
+        try:
+            items = self._worker.submit(fitted, time.monotonic() + timeout_s)
+            done, pending = concurrent.futures.wait([item.future for item in items], timeout=timeout_s)
+            if pending:
+                for future in pending:
+                    future.cancel()
+                raise ReplyTimeout(f"the request was not served within {timeout_s:g} s")
+            results = [item.future.result() for item in items]
+        finally:
+            with self._in_flight_lock:
+                self._in_flight -= 1
+        timings = Timings(queue_s=max(r.queue_s for r in results) if results else 0.0,
+                          inference_s=sum({id(r): r.inference_s for r in results}.values()) if results else 0.0)
+        return EmbedResult(vectors=[r.value for r in results], n_tokens=[len(ids) for ids in fitted],
+                           timings=timings)
+
+    def _fit(self, ids: list[int], info: ModelInfo, truncate: bool) -> list[int]:
+        if not ids:
+            raise EmptyInput("Input content cannot be empty")
+        if min(ids) < 0 or max(ids) >= info.n_vocab:
+            raise InvalidTokens("Prompt contains invalid tokens")
+        if len(ids) <= info.max_input_tokens:
+            return ids
+        if truncate:
+            return self.tokenizer.truncate(ids, info.truncate_tokens)
+        limits.check(len(ids), info.n_ctx_train, self.options.ubatch_tokens,
+                     info.slot_ctx if self.options.ctx_size > 0 else None)
+        return ids  # unreachable: check() raises for anything above max_input_tokens
+
+    def stats(self) -> dict[str, float]:
+        s = self._worker.stats
+        return {"prompt_tokens_total": s.prompt_tokens_total, "prompt_seconds_total": s.prompt_seconds_total,
+                "n_decode_total": s.n_decode_total, "n_tokens_max": s.n_tokens_max,
+                "requests_processing": self._in_flight, "requests_deferred": self._worker.queued()}
+
+    def close(self) -> None:
+        self._worker.close()

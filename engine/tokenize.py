@@ -1,0 +1,147 @@
+"""The checkpoint's tokenizer: llama-server's prompt rules on top of Hugging Face `tokenizers`."""
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from tokenizers import Tokenizer
+
+from engine.checkpoint import Checkpoint
+from engine.errors import UnsupportedCheckpoint
+from engine.types import VocabType
+
+_VOCAB_TYPES = {"WordPiece": VocabType.WPM, "BPE": VocabType.BPE, "Unigram": VocabType.UGM}
+
+
+def _bytes_to_unicode() -> dict[str, int]:
+    """GPT-2's byte <-> printable-character table, inverted: what byte-level BPE pieces spell."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+
+
+class TextTokenizer:
+    """Encodes prompts exactly as the checkpoint's own tokenizer does, without baked-in padding/truncation."""
+
+    def __init__(self, checkpoint: Checkpoint):
+        self._parsing = _load(checkpoint)
+        # A second instance treats special-token text literally (llama's parse_special=false).
+        self._literal = Tokenizer.from_str(self._parsing.to_str())
+        self._literal.encode_special_tokens = True
+        spec = json.loads(self._parsing.to_str())
+        self._model_kind = spec["model"]["type"]
+        self.vocab_type = _VOCAB_TYPES.get(self._model_kind, VocabType.NONE)
+        self.n_vocab = self._parsing.get_vocab_size(with_added_tokens=True)
+        self._special_ids = {t["id"] for t in spec.get("added_tokens", []) if t.get("special")}
+        self._byte_decoder = _bytes_to_unicode() if self._model_kind == "BPE" else None
+        self.trailing_specials = self._trailing_specials()
+        cfg = checkpoint.tokenizer_config
+        self.pad_id = self._token_id(cfg.get("pad_token"), checkpoint.config.get("pad_token_id"))
+        self.bos_token = _token_text(cfg.get("cls_token") or cfg.get("bos_token"))
+        self.eos_token = _token_text(cfg.get("sep_token") or cfg.get("eos_token"))
+
+    def encode(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        tok = self._parsing if parse_special else self._literal
+        return tok.encode(text, add_special_tokens=add_special).ids
+
+    def encode_prompt(self, parts: Sequence[str | int], add_special: bool = True,
+                      parse_special: bool = True) -> list[int]:
+        """llama-server's mixed prompt: ints verbatim; only a leading string gets the special tokens."""
+        ids: list[int] = []
+        for i, part in enumerate(parts):
+            if isinstance(part, str):
+                ids.extend(self.encode(part, add_special=add_special and i == 0, parse_special=parse_special))
+            else:
+                ids.append(int(part))
+        return ids
+
+    def encode_pair(self, first: str, second: str) -> tuple[list[int], list[int]]:
+        """A sentence pair with the checkpoint's own pair template: (ids, token type ids)."""
+        enc = self._parsing.encode(first, second, add_special_tokens=True)
+        return enc.ids, enc.type_ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._parsing.decode(list(ids), skip_special_tokens=False)
+
+    def pieces(self, ids: Sequence[int]) -> list[str | list[int]]:
+        """Each token's text as llama-server shows it: word starts keep their leading space."""
+        return [self._piece(i) for i in ids]
+
+    def truncate(self, ids: list[int], limit: int) -> list[int]:
+        """Cut from the right to `limit` tokens, keeping the trailing special tokens the template appended."""
+        if len(ids) <= limit:
+            return ids
+        tail = self.trailing_specials
+        if tail and len(ids) >= len(tail) and ids[-len(tail):] == tail and limit > len(tail):
+            return ids[: limit - len(tail)] + tail
+        return ids[:limit]
+
+    def _trailing_specials(self) -> list[int]:
+        with_specials = self._parsing.encode("a", add_special_tokens=True).ids
+        plain = self._parsing.encode("a", add_special_tokens=False).ids
+        for start in range(len(with_specials) - len(plain) + 1):
+            if with_specials[start:start + len(plain)] == plain:
+                return with_specials[start + len(plain):]
+        return []
+
+    def _piece(self, token_id: int) -> str | list[int]:
+        token = self._parsing.id_to_token(token_id)
+        if token is None:
+            return ""
+        if token_id in self._special_ids:
+            return token
+        if self._model_kind == "WordPiece":
+            return token[2:] if token.startswith("##") else " " + token
+        if self._byte_decoder is not None and all(ch in self._byte_decoder for ch in token):
+            raw = bytes(self._byte_decoder[ch] for ch in token)
+            try:
+                return raw.decode("utf-8")
+            except UnicodeDecodeError:
+                return list(raw)
+        return token.replace("\u2581", " ")
+
+    def _token_id(self, token: object, fallback: object) -> int:
+        text = _token_text(token)
+        if text:
+            found = self._parsing.token_to_id(text)
+            if found is not None:
+                return found
+        return int(fallback) if isinstance(fallback, int) else 0
+
+
+def _token_text(token: object) -> str:
+    if isinstance(token, dict):  # AddedToken serialized as an object
+        return str(token.get("content", ""))
+    return str(token) if token else ""
+
+
+def _load(checkpoint: Checkpoint) -> Tokenizer:
+    path: Path = checkpoint.path / "tokenizer.json"
+    if path.is_file():
+        tok = Tokenizer.from_file(str(path))
+    else:
+        tok = _load_with_transformers(checkpoint)
+    # The engine pads per micro-batch and truncates per checkpoint limit: strip baked-in settings.
+    tok.no_padding()
+    tok.no_truncation()
+    return tok
+
+
+def _load_with_transformers(checkpoint: Checkpoint) -> Tokenizer:
+    """Only for checkpoints without tokenizer.json (vocab.txt, sentencepiece): convert once at load."""
+    try:
+        from transformers import AutoTokenizer  # lazy: heavy, and most checkpoints do not need it
+    except ImportError as exc:
+        raise UnsupportedCheckpoint(
+            f"{checkpoint.path}: no tokenizer.json; converting its tokenizer needs the transformers package") from exc
+    fast = AutoTokenizer.from_pretrained(str(checkpoint.path), use_fast=True)
+    if not getattr(fast, "is_fast", False):
+        raise UnsupportedCheckpoint(f"{checkpoint.path}: its tokenizer has no fast (tokenizers) version")
+    return Tokenizer.from_str(fast.backend_tokenizer.to_str())

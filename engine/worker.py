@@ -1,0 +1,160 @@
+"""The engine thread: the only thread that touches MLX. It loads the model, then serves batches.
+
+Request threads hand it tokenized inputs through a bounded queue, one item per input, and wait on a
+future per item. Inputs from concurrent requests share forward passes (engine/scheduler.py decides which).
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from engine.errors import ForwardFailed, NotLoaded, QueueFull, ReplyTimeout
+from engine.scheduler import BatchLimits, next_batch, padded_width
+
+log = logging.getLogger(__name__)
+
+# (ids [B, W], mask [B, W], lengths) -> one result per row
+Runner = Callable[[np.ndarray, np.ndarray, list[int]], list[np.ndarray]]
+
+
+@dataclass
+class WorkItem:
+    ids: list[int]
+    deadline: float
+    n_tokens: int = 0
+    seq: int = 0
+    enqueued: float = 0.0
+    future: Future = field(default_factory=Future)
+
+
+@dataclass
+class ItemResult:
+    value: np.ndarray
+    queue_s: float
+    inference_s: float
+
+
+@dataclass
+class WorkerStats:
+    prompt_tokens_total: int = 0
+    prompt_seconds_total: float = 0.0
+    n_decode_total: int = 0
+    n_tokens_max: int = 0
+
+
+class Worker:
+    def __init__(self, load: Callable[[], tuple[Runner, int]], limits: BatchLimits, max_queue_items: int,
+                 name: str = "engine"):
+        """`load` runs first on the engine thread and returns (runner, pad token id)."""
+        self._load = load
+        self._limits = limits
+        self._max_queue = max_queue_items
+        self._cond = threading.Condition()
+        self._waiting: list[WorkItem] = []
+        self._seq = itertools.count()
+        self._closed = False
+        self._runner: Runner | None = None
+        self._pad_id = 0
+        self.loaded = threading.Event()
+        self.load_error: BaseException | None = None
+        self.stats = WorkerStats()
+        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
+        self._thread.start()
+
+    # -- request threads -------------------------------------------------------------------------
+    def submit(self, token_lists: list[list[int]], deadline: float) -> list[WorkItem]:
+        """Queue every input of one request, or none of them (QueueFull)."""
+        if not self.loaded.is_set() or self._runner is None:
+            raise NotLoaded("the model is not loaded")
+        now = time.monotonic()
+        items = [WorkItem(ids=ids, deadline=deadline, n_tokens=len(ids), enqueued=now) for ids in token_lists]
+        with self._cond:
+            if len(self._waiting) + len(items) > self._max_queue:
+                raise QueueFull(f"the engine queue is full ({len(self._waiting)} of {self._max_queue} inputs "
+                                f"waiting, this request has {len(items)})")
+            for item in items:
+                item.seq = next(self._seq)
+            self._waiting.extend(items)
+            self._cond.notify()
+        return items
+
+    def queued(self) -> int:
+        with self._cond:
+            return len(self._waiting)
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            for item in self._waiting:
+                item.future.cancel()
+            self._waiting.clear()
+            self._cond.notify_all()
+
+    # -- the engine thread -----------------------------------------------------------------------
+    def _main(self) -> None:
+        try:
+            self._runner, self._pad_id = self._load()
+        except BaseException as exc:  # reported to whoever waits for the load
+            self.load_error = exc
+            self.loaded.set()
+            return
+        self.loaded.set()
+        while True:
+            batch = self._take_batch()
+            if batch is None:
+                return
+            if batch:
+                self._run(batch)
+
+    def _take_batch(self) -> list[WorkItem] | None:
+        with self._cond:
+            while not self._waiting and not self._closed:
+                self._cond.wait()
+            if self._closed:
+                return None
+            now = time.monotonic()
+            live = []
+            for item in self._waiting:
+                if item.future.cancelled():
+                    continue
+                if item.deadline <= now:
+                    item.future.set_exception(ReplyTimeout("the request was not served within its deadline"))
+                    continue
+                live.append(item)
+            picked = set(next_batch(live, self._limits))
+            self._waiting = [item for i, item in enumerate(live) if i not in picked]
+            return [item for i, item in enumerate(live) if i in picked]
+
+    def _run(self, batch: list[WorkItem]) -> None:
+        batch = [item for item in batch if item.future.set_running_or_notify_cancel()]
+        if not batch:
+            return
+        width = padded_width(max(item.n_tokens for item in batch))
+        ids = np.full((len(batch), width), self._pad_id, dtype=np.int32)
+        mask = np.zeros((len(batch), width), dtype=np.int32)
+        for row, item in enumerate(batch):
+            ids[row, : item.n_tokens] = item.ids
+            mask[row, : item.n_tokens] = 1
+        started = time.monotonic()
+        try:
+            outputs = self._runner(ids, mask, [item.n_tokens for item in batch])
+        except Exception as exc:  # one bad batch must not take the engine down
+            log.exception("forward pass failed for a batch of %d inputs", len(batch))
+            for item in batch:
+                item.future.set_exception(ForwardFailed(f"the forward pass failed: {exc}"))
+            return
+        elapsed = time.monotonic() - started
+        n_real = sum(item.n_tokens for item in batch)
+        self.stats.prompt_tokens_total += n_real
+        self.stats.prompt_seconds_total += elapsed
+        self.stats.n_decode_total += 1
+        self.stats.n_tokens_max = max(self.stats.n_tokens_max, n_real)
+        for item, value in zip(batch, outputs):
+            item.future.set_result(ItemResult(value, started - item.enqueued, elapsed))
