@@ -11,7 +11,7 @@ from engine.checkpoint import default_model  # noqa: E402
 from engine.normalize import normalize_embedding  # noqa: E402
 from engine.service import Engine  # noqa: E402
 from engine.types import (DEFAULT_MODEL_NAME, EmbedResult, EngineOptions, ModelInfo, Pooling,  # noqa: E402
-                          Timings, VocabType)
+                          RerankResult, Timings, VocabType)
 
-__all__ = ["DEFAULT_MODEL_NAME", "EmbedResult", "Engine", "EngineOptions", "ModelInfo", "Pooling", "Timings",
+__all__ = ["DEFAULT_MODEL_NAME", "EmbedResult", "Engine", "EngineOptions", "ModelInfo", "Pooling", "RerankResult", "Timings",
            "VocabType", "default_model", "errors", "normalize_embedding"]

@@ -16,13 +16,18 @@ from engine.types import Pooling
 # config.json spellings that differ from our file names.
 MODEL_TYPE_ALIASES = {"xlm-roberta": "xlm_roberta"}
 
-# Architectures served as embedders, per family file. Anything else is refused by name.
-EMBEDDING_ARCHITECTURES = {
+# What each family file serves, by architectures[0] ("" = a config without architectures).
+EMBEDDERS = {
     "bert": {"", "BertModel", "BertForMaskedLM", "BertForPreTraining"},
+}
+CROSS_ENCODERS = {
+    "bert": "BertForSequenceClassification",
 }
 
 # Without 1_Pooling/config.json: what sentence-transformers itself would do with a bare encoder.
 FAMILY_DEFAULT_POOLING = {"bert": Pooling.MEAN}
+
+EMBEDDER, CROSS_ENCODER = "embedder", "cross-encoder"
 
 _FTYPES = {mx.float32: "F32", mx.float16: "F16", mx.bfloat16: "BF16"}
 
@@ -31,43 +36,61 @@ _FTYPES = {mx.float32: "F32", mx.float16: "F16", mx.bfloat16: "BF16"}
 class LoadedModel:
     model: nn.Module
     family: str
+    kind: str  # EMBEDDER | CROSS_ENCODER
     n_params: int
     size_bytes: int
     ftype: str
     default_pooling: Pooling
+    n_positions: int
+    hidden_size: int
 
 
 def family_name(checkpoint: Checkpoint) -> str:
-    model_type = checkpoint.model_type
-    return MODEL_TYPE_ALIASES.get(model_type, model_type)
+    return MODEL_TYPE_ALIASES.get(checkpoint.model_type, checkpoint.model_type)
 
 
-def _family(name: str, checkpoint: Checkpoint) -> ModuleType:
-    if name not in EMBEDDING_ARCHITECTURES:
+def kind_of(checkpoint: Checkpoint) -> str:
+    """Whether a checkpoint is an embedder or a reranker; anything else is refused by name."""
+    name, arch = family_name(checkpoint), checkpoint.architecture
+    if CROSS_ENCODERS.get(name) == arch:
+        return CROSS_ENCODER
+    if arch in EMBEDDERS.get(name, ()):
+        return EMBEDDER
+    served = sorted({*EMBEDDERS, *CROSS_ENCODERS})
+    if name not in served:
         raise UnsupportedCheckpoint(
-            f"{checkpoint.path}: model_type {checkpoint.model_type!r} ({checkpoint.architecture or 'no architecture'}) "
-            f"is not supported (supported: {', '.join(sorted(EMBEDDING_ARCHITECTURES))})")
-    return importlib.import_module(f"engine.families.{name}")
+            f"{checkpoint.path}: model_type {checkpoint.model_type!r} ({arch or 'no architecture'}) "
+            f"is not supported (supported model types: {', '.join(served)})")
+    archs = sorted(a for a in EMBEDDERS.get(name, set()) | {CROSS_ENCODERS.get(name, "")} if a)
+    raise UnsupportedCheckpoint(f"{checkpoint.path}: architecture {arch!r} of model_type {checkpoint.model_type!r} "
+                                f"is not supported (supported: {', '.join(archs)})")
 
 
-def load_embedder(checkpoint: Checkpoint) -> LoadedModel:
-    """Build the family's trunk and load the checkpoint's weights into it (strict: every key must match)."""
+def load(checkpoint: Checkpoint) -> LoadedModel:
+    """Build the family's module for this checkpoint and load its weights (strict: every key must match)."""
+    kind = kind_of(checkpoint)
     name = family_name(checkpoint)
-    family = _family(name, checkpoint)
-    if checkpoint.architecture not in EMBEDDING_ARCHITECTURES[name]:
-        raise UnsupportedCheckpoint(
-            f"{checkpoint.path}: architecture {checkpoint.architecture!r} of model_type {checkpoint.model_type!r} "
-            f"is not served as an embedding model (supported: "
-            f"{', '.join(sorted(a for a in EMBEDDING_ARCHITECTURES[name] if a))})")
-    model = family.Model(family.ModelArgs.from_dict(checkpoint.config))
-    weights: dict[str, mx.array] = {}
+    family: ModuleType = importlib.import_module(f"engine.families.{name}")
+    args = family.ModelArgs.from_dict(checkpoint.config)
+    raw: dict[str, mx.array] = {}
     for file in checkpoint.weight_files():
-        weights.update(mx.load(str(file)))
+        raw.update(mx.load(str(file)))
+    if kind == CROSS_ENCODER:
+        cls = family.SequenceClassifier
+        weights = cls.sanitize(raw)
+        labels = cls.label_count(weights)
+        if labels != 1:
+            raise UnsupportedCheckpoint(f"{checkpoint.path}: a cross-encoder must have exactly one label; "
+                                        f"its classifier has {labels} rows")
+        model = cls(args, labels)
+        trunk = model.trunk
+    else:
+        weights = family.Model.sanitize(raw)
+        model = trunk = family.Model(args)
     dtypes = {w.dtype for w in weights.values() if mx.issubdtype(w.dtype, mx.floating)}
-    ftype = "F32" if dtypes == {mx.float32} else "/".join(sorted(_FTYPES.get(d, str(d)) for d in dtypes))
+    ftype = "/".join(sorted(_FTYPES.get(d, str(d)) for d in dtypes)) or "F32"
     # Half-precision matmuls are slow on CPU and fp32 is what the reference computes: run in fp32.
-    weights = {k: (v.astype(mx.float32) if mx.issubdtype(v.dtype, mx.floating) else v)
-               for k, v in family.Model.sanitize(weights).items()}
+    weights = {k: (v.astype(mx.float32) if mx.issubdtype(v.dtype, mx.floating) else v) for k, v in weights.items()}
     try:
         model.load_weights(list(weights.items()), strict=True)
     except ValueError as exc:
@@ -75,10 +98,8 @@ def load_embedder(checkpoint: Checkpoint) -> LoadedModel:
     mx.eval(model.parameters())
     params = tree_flatten(model.parameters())
     return LoadedModel(
-        model=model,
-        family=name,
-        n_params=sum(p.size for _, p in params),
-        size_bytes=sum(p.nbytes for _, p in params),
-        ftype=ftype or "F32",
+        model=model, family=name, kind=kind,
+        n_params=sum(p.size for _, p in params), size_bytes=sum(p.nbytes for _, p in params), ftype=ftype,
         default_pooling=FAMILY_DEFAULT_POOLING.get(name, Pooling.MEAN),
+        n_positions=trunk.n_positions, hidden_size=trunk.hidden_size,
     )

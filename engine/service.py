@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import math
 import threading
 import time
 from collections.abc import Sequence
@@ -10,12 +11,13 @@ from collections.abc import Sequence
 import numpy as np
 
 from engine import blas, checkpoint, limits, pooling, registry
-from engine.errors import EmptyInput, InvalidTokens, NotLoaded, ReplyTimeout, UnsupportedCheckpoint
-from engine.pipeline import EmbeddingPipeline
+from engine.errors import (EmptyInput, InvalidInput, InvalidTokens, NotLoaded, ReplyTimeout,
+                           UnsupportedCheckpoint)
+from engine.pipeline import CrossEncoderPipeline, EmbeddingPipeline
 from engine.scheduler import BatchLimits
 from engine.tokenize import TextTokenizer
-from engine.types import EmbedResult, EngineOptions, ModelInfo, Pooling, Timings
-from engine.worker import Runner, Worker
+from engine.types import EmbedResult, EngineOptions, ModelInfo, Pooling, RerankResult, Timings
+from engine.worker import ItemResult, Runner, Worker
 
 log = logging.getLogger(__name__)
 
@@ -39,29 +41,41 @@ class Engine:
         opts = self.options
         blas.set_threads(opts.threads)
         ckpt = checkpoint.read(checkpoint.resolve(opts.model_path, opts.hf_repo, opts.offline))
-        tokenizer = TextTokenizer(ckpt)
-        loaded = registry.load_embedder(ckpt)
-        mode = pooling.resolve(opts.pooling, ckpt.pooling, loaded.default_pooling)
-        if mode is Pooling.RANK:
+        rank_mode = opts.pooling is Pooling.RANK
+        kind = registry.kind_of(ckpt)
+        if rank_mode and kind == registry.EMBEDDER:
             raise UnsupportedCheckpoint(
-                f"{ckpt.path}: pooling 'rank' (--reranking) needs a reranker checkpoint; "
+                f"{ckpt.path}: rank mode (--reranking / --pooling rank) needs a reranker checkpoint; "
                 f"{ckpt.architecture or ckpt.model_type} is an embedding model")
-        n_positions = loaded.model.n_positions
+        if not rank_mode and kind != registry.EMBEDDER:
+            raise UnsupportedCheckpoint(
+                f"{ckpt.path}: {ckpt.architecture} is a reranker ({kind}), not an embedding model; "
+                f"start it with --reranking")
+        tokenizer = TextTokenizer(ckpt)
+        loaded = registry.load(ckpt)
+        if rank_mode:
+            mode = Pooling.RANK
+            runner: Runner = CrossEncoderPipeline(loaded.model)
+        else:
+            mode = pooling.resolve(opts.pooling, ckpt.pooling, loaded.default_pooling)
+            runner = EmbeddingPipeline(loaded.model, mode)
+        n_positions = loaded.n_positions
         slot_ctx, n_slots = limits.slots(opts.ctx_size, opts.parallel, n_positions)
         max_input = limits.input_limit(n_positions, opts.ubatch_tokens, slot_ctx if opts.ctx_size > 0 else None)
-        runner = EmbeddingPipeline(loaded.model, mode)
-        runner(np.array([[tokenizer.pad_id] * 8], dtype=np.int32), np.ones((1, 8), np.int32), [8])  # warm-up
+        warm = np.full((1, 8), tokenizer.pad_id, dtype=np.int32)
+        runner(warm, np.ones((1, 8), np.int32), np.zeros((1, 8), np.int32), [8])  # first-call costs here
         self._tokenizer = tokenizer
         self._info = ModelInfo(
             path=str(ckpt.path), model_type=ckpt.model_type, architecture=ckpt.architecture,
-            vocab_type=tokenizer.vocab_type, n_vocab=tokenizer.n_vocab, n_embd=loaded.model.hidden_size,
+            vocab_type=tokenizer.vocab_type, n_vocab=tokenizer.n_vocab, n_embd=loaded.hidden_size,
             n_ctx_train=n_positions, n_params=loaded.n_params, size_bytes=loaded.size_bytes, ftype=loaded.ftype,
             pooling=mode, max_input_tokens=max_input,
             truncate_tokens=limits.truncation_length(ckpt.max_seq_length, n_positions, max_input),
-            slot_ctx=slot_ctx, n_slots=n_slots, bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token)
-        log.info("loaded %s (%s, %s) in %.2f s: pooling %s, %d params, per-input limit %d tokens, BLAS: %s",
-                 ckpt.path, ckpt.model_type, ckpt.architecture or "-", time.monotonic() - started, mode.value,
-                 loaded.n_params, max_input, blas.description)
+            slot_ctx=slot_ctx, n_slots=n_slots, bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token,
+            kind=loaded.kind)
+        log.info("loaded %s (%s, %s, %s) in %.2f s: pooling %s, %d params, per-input limit %d tokens, BLAS: %s",
+                 ckpt.path, ckpt.model_type, ckpt.architecture or "-", loaded.kind, time.monotonic() - started,
+                 mode.value, loaded.n_params, max_input, blas.description)
         return runner, tokenizer.pad_id
 
     # -- state ------------------------------------------------------------------------------------
@@ -99,18 +113,43 @@ class Engine:
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(ids)
 
-    # -- embeddings -------------------------------------------------------------------------------
+    # -- requests ---------------------------------------------------------------------------------
     def embed(self, token_lists: list[list[int]], *, truncate: bool | None = None,
               timeout_s: float = 3600) -> EmbedResult:
         """Embed already tokenized inputs. Vectors are not normalized (callers choose embd_normalize)."""
         info = self.info
+        if info.is_reranker:
+            raise InvalidInput("this server runs a reranker (rank pooling): it serves /rerank, not embeddings")
         cut = self.options.truncate if truncate is None else truncate
         fitted = [self._fit(ids, info, cut) for ids in token_lists]
+        results, timings = self._serve(fitted, None, timeout_s)
+        return EmbedResult(vectors=[r.value for r in results], n_tokens=[len(ids) for ids in fitted],
+                           timings=timings)
+
+    def rerank(self, query: str, documents: Sequence[str], *, truncate: bool | None = None,
+               timeout_s: float = 3600) -> RerankResult:
+        """Score every (query, document) pair; scores come back in document order."""
+        info = self.info
+        if not info.is_reranker:
+            raise InvalidInput("this server runs an embedding model: start a reranker with --reranking")
+        cut = self.options.truncate if truncate is None else truncate
+        started = time.monotonic()
+        pairs = [self._fit_pair(query, doc, info, cut) for doc in documents]
+        tokenize_s = time.monotonic() - started
+        results, timings = self._serve([ids for ids, _ in pairs], [types for _, types in pairs], timeout_s)
+        timings.tokenize_s = tokenize_s
+        scores = [float(r.value) for r in results]
+        if self.options.rerank_sigmoid:
+            scores = [1.0 / (1.0 + math.exp(-s)) for s in scores]
+        return RerankResult(scores=scores, n_tokens=[len(ids) for ids, _ in pairs], timings=timings)
+
+    def _serve(self, token_lists: list[list[int]], type_lists: list[list[int]] | None,
+               timeout_s: float) -> tuple[list[ItemResult], Timings]:
         with self._in_flight_lock:
             self._in_flight += 1
         try:
-            items = self._worker.submit(fitted, time.monotonic() + timeout_s)
-            done, pending = concurrent.futures.wait([item.future for item in items], timeout=timeout_s)
+            items = self._worker.submit(token_lists, time.monotonic() + timeout_s, type_lists)
+            _, pending = concurrent.futures.wait([item.future for item in items], timeout=timeout_s)
             if pending:
                 for future in pending:
                     future.cancel()
@@ -119,10 +158,10 @@ class Engine:
         finally:
             with self._in_flight_lock:
                 self._in_flight -= 1
-        timings = Timings(queue_s=max(r.queue_s for r in results) if results else 0.0,
-                          inference_s=sum({id(r): r.inference_s for r in results}.values()) if results else 0.0)
-        return EmbedResult(vectors=[r.value for r in results], n_tokens=[len(ids) for ids in fitted],
-                           timings=timings)
+        # Items of one request may share a forward pass: count each distinct pass once.
+        passes = {r.batch: r.inference_s for r in results}
+        return results, Timings(queue_s=max((r.queue_s for r in results), default=0.0),
+                                inference_s=sum(passes.values()))
 
     def _fit(self, ids: list[int], info: ModelInfo, truncate: bool) -> list[int]:
         if not ids:
@@ -133,9 +172,22 @@ class Engine:
             return ids
         if truncate:
             return self.tokenizer.truncate(ids, info.truncate_tokens)
-        limits.check(len(ids), info.n_ctx_train, self.options.ubatch_tokens,
+        self._too_long(len(ids), info)
+        return ids
+
+    def _fit_pair(self, query: str, document: str, info: ModelInfo, truncate: bool) -> tuple[list[int], list[int]]:
+        ids, types = self.tokenizer.encode_pair(query, document)
+        if len(ids) <= info.max_input_tokens:
+            return ids, types
+        if truncate:
+            return self.tokenizer.encode_pair(query, document, max_length=info.truncate_tokens)
+        self._too_long(len(ids), info)
+        return ids, types
+
+    def _too_long(self, n_tokens: int, info: ModelInfo) -> None:
+        """Raise InputTooLong naming whichever limit binds."""
+        limits.check(n_tokens, info.n_ctx_train, self.options.ubatch_tokens,
                      info.slot_ctx if self.options.ctx_size > 0 else None)
-        return ids  # unreachable: check() raises for anything above max_input_tokens
 
     def stats(self) -> dict[str, float]:
         s = self._worker.stats

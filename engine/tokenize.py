@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -35,6 +36,8 @@ class TextTokenizer:
         # A second instance treats special-token text literally (llama's parse_special=false).
         self._literal = Tokenizer.from_str(self._parsing.to_str())
         self._literal.encode_special_tokens = True
+        self._truncating: dict[int, Tokenizer] = {}
+        self._lock = threading.Lock()
         spec = json.loads(self._parsing.to_str())
         self._model_kind = spec["model"]["type"]
         self.vocab_type = _VOCAB_TYPES.get(self._model_kind, VocabType.NONE)
@@ -62,10 +65,24 @@ class TextTokenizer:
                 ids.append(int(part))
         return ids
 
-    def encode_pair(self, first: str, second: str) -> tuple[list[int], list[int]]:
-        """A sentence pair with the checkpoint's own pair template: (ids, token type ids)."""
-        enc = self._parsing.encode(first, second, add_special_tokens=True)
+    def encode_pair(self, first: str, second: str, max_length: int | None = None) -> tuple[list[int], list[int]]:
+        """A sentence pair with the checkpoint's own pair template: (ids, token type ids).
+
+        With max_length, tokens are dropped longest-first and the template's special tokens are kept.
+        """
+        tok = self._parsing if max_length is None else self._pair_truncating(max_length)
+        enc = tok.encode(first, second, add_special_tokens=True)
         return enc.ids, enc.type_ids
+
+    def _pair_truncating(self, max_length: int) -> Tokenizer:
+        # Truncation is tokenizer state, so each length gets its own instance (shared by request threads).
+        with self._lock:
+            tok = self._truncating.get(max_length)
+            if tok is None:
+                tok = Tokenizer.from_str(self._parsing.to_str())
+                tok.enable_truncation(max_length, strategy="longest_first")
+                self._truncating[max_length] = tok
+            return tok
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._parsing.decode(list(ids), skip_special_tokens=False)

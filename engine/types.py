@@ -42,6 +42,8 @@ class EngineOptions:
     max_batch_rows: int = 64
     max_queue_items: int = 4096  # inputs waiting for the engine thread; more is QueueFull
     threads: int = -1  # BLAS threads; <= 0 leaves the library default
+    rerank_sigmoid: bool = False  # cross-encoder scores as sigmoid(logit) instead of the raw logit
+    rerank_instruction: str | None = None  # generative rerankers: the server-wide <Instruct> text
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,11 @@ class ModelInfo:
     n_slots: int  # llama's total_slots
     bos_token: str = ""
     eos_token: str = ""
+    kind: str = "embedder"  # "embedder" | "cross-encoder" | "generative-reranker"
+
+    @property
+    def is_reranker(self) -> bool:
+        return self.kind != "embedder"
 
 
 @dataclass
@@ -84,6 +91,15 @@ class EmbedResult:
     """
 
     vectors: list
+    n_tokens: list[int]
+    timings: Timings = field(default_factory=Timings)
+
+
+@dataclass
+class RerankResult:
+    """One relevance score per document, in document order (not sorted)."""
+
+    scores: list[float]
     n_tokens: list[int]
     timings: Timings = field(default_factory=Timings)
 

