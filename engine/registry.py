@@ -23,11 +23,15 @@ EMBEDDERS = {
 CROSS_ENCODERS = {
     "bert": "BertForSequenceClassification",
 }
+# Causal LMs scored by the yes/no recipe (engine/prompts.py builds their prompt).
+GENERATIVE_RERANKERS = {
+    "qwen3": "Qwen3ForCausalLM",
+}
 
 # Without 1_Pooling/config.json: what sentence-transformers itself would do with a bare encoder.
 FAMILY_DEFAULT_POOLING = {"bert": Pooling.MEAN}
 
-EMBEDDER, CROSS_ENCODER = "embedder", "cross-encoder"
+EMBEDDER, CROSS_ENCODER, GENERATIVE_RERANKER = "embedder", "cross-encoder", "generative-reranker"
 
 _FTYPES = {mx.float32: "F32", mx.float16: "F16", mx.bfloat16: "BF16"}
 
@@ -36,7 +40,7 @@ _FTYPES = {mx.float32: "F32", mx.float16: "F16", mx.bfloat16: "BF16"}
 class LoadedModel:
     model: nn.Module
     family: str
-    kind: str  # EMBEDDER | CROSS_ENCODER
+    kind: str  # EMBEDDER | CROSS_ENCODER | GENERATIVE_RERANKER
     n_params: int
     size_bytes: int
     ftype: str
@@ -54,14 +58,17 @@ def kind_of(checkpoint: Checkpoint) -> str:
     name, arch = family_name(checkpoint), checkpoint.architecture
     if CROSS_ENCODERS.get(name) == arch:
         return CROSS_ENCODER
+    if GENERATIVE_RERANKERS.get(name) == arch:
+        return GENERATIVE_RERANKER
     if arch in EMBEDDERS.get(name, ()):
         return EMBEDDER
-    served = sorted({*EMBEDDERS, *CROSS_ENCODERS})
+    served = sorted({*EMBEDDERS, *CROSS_ENCODERS, *GENERATIVE_RERANKERS})
     if name not in served:
         raise UnsupportedCheckpoint(
             f"{checkpoint.path}: model_type {checkpoint.model_type!r} ({arch or 'no architecture'}) "
             f"is not supported (supported model types: {', '.join(served)})")
-    archs = sorted(a for a in EMBEDDERS.get(name, set()) | {CROSS_ENCODERS.get(name, "")} if a)
+    archs = sorted(a for a in EMBEDDERS.get(name, set()) | {CROSS_ENCODERS.get(name, ""),
+                                                               GENERATIVE_RERANKERS.get(name, "")} if a)
     raise UnsupportedCheckpoint(f"{checkpoint.path}: architecture {arch!r} of model_type {checkpoint.model_type!r} "
                                 f"is not supported (supported: {', '.join(archs)})")
 
@@ -77,16 +84,15 @@ def load(checkpoint: Checkpoint) -> LoadedModel:
         raw.update(mx.load(str(file)))
     if kind == CROSS_ENCODER:
         cls = family.SequenceClassifier
-        weights = cls.sanitize(raw)
-        labels = cls.label_count(weights)
+        labels = cls.label_count(cls.sanitize(raw))
         if labels != 1:
             raise UnsupportedCheckpoint(f"{checkpoint.path}: a cross-encoder must have exactly one label; "
                                         f"its classifier has {labels} rows")
         model = cls(args, labels)
         trunk = model.trunk
     else:
-        weights = family.Model.sanitize(raw)
         model = trunk = family.Model(args)
+    weights = model.sanitize(raw)
     dtypes = {w.dtype for w in weights.values() if mx.issubdtype(w.dtype, mx.floating)}
     ftype = "/".join(sorted(_FTYPES.get(d, str(d)) for d in dtypes)) or "F32"
     # Half-precision matmuls are slow on CPU and fp32 is what the reference computes: run in fp32.

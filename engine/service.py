@@ -13,7 +13,8 @@ import numpy as np
 from engine import blas, checkpoint, limits, pooling, registry
 from engine.errors import (EmptyInput, InvalidInput, InvalidTokens, NotLoaded, ReplyTimeout,
                            UnsupportedCheckpoint)
-from engine.pipeline import CrossEncoderPipeline, EmbeddingPipeline
+from engine.pipeline import CrossEncoderPipeline, EmbeddingPipeline, GenerativeRerankPipeline
+from engine.prompts import RerankPrompt
 from engine.scheduler import BatchLimits
 from engine.tokenize import TextTokenizer
 from engine.types import EmbedResult, EngineOptions, ModelInfo, Pooling, RerankResult, Timings
@@ -30,6 +31,7 @@ class Engine:
         self.model_ref = options.model_path or options.hf_repo or ""
         self._info: ModelInfo | None = None
         self._tokenizer: TextTokenizer | None = None
+        self._prompt: RerankPrompt | None = None  # generative rerankers only
         self._in_flight = 0
         self._in_flight_lock = threading.Lock()
         self._worker = Worker(self._load, BatchLimits(options.max_batch_tokens, options.max_batch_rows),
@@ -53,9 +55,14 @@ class Engine:
                 f"start it with --reranking")
         tokenizer = TextTokenizer(ckpt)
         loaded = registry.load(ckpt)
-        if rank_mode:
+        if kind == registry.GENERATIVE_RERANKER:
             mode = Pooling.RANK
-            runner: Runner = CrossEncoderPipeline(loaded.model)
+            self._prompt = RerankPrompt(ckpt, fallback=f"{loaded.family}_reranker.jinja")
+            runner: Runner = GenerativeRerankPipeline(loaded.model, self._single_token(tokenizer, "yes", ckpt),
+                                                      self._single_token(tokenizer, "no", ckpt), tokenizer.pad_id)
+        elif kind == registry.CROSS_ENCODER:
+            mode = Pooling.RANK
+            runner = CrossEncoderPipeline(loaded.model)
         else:
             mode = pooling.resolve(opts.pooling, ckpt.pooling, loaded.default_pooling)
             runner = EmbeddingPipeline(loaded.model, mode)
@@ -77,6 +84,14 @@ class Engine:
                  ckpt.path, ckpt.model_type, ckpt.architecture or "-", loaded.kind, time.monotonic() - started,
                  mode.value, loaded.n_params, max_input, blas.description)
         return runner, tokenizer.pad_id
+
+    @staticmethod
+    def _single_token(tokenizer: TextTokenizer, word: str, ckpt: checkpoint.Checkpoint) -> int:
+        ids = tokenizer.encode(word, add_special=False, parse_special=False)
+        if len(ids) != 1:
+            raise UnsupportedCheckpoint(f"{ckpt.path}: {word!r} is {len(ids)} tokens for this tokenizer; the yes/no "
+                                        f"reranker recipe needs it to be exactly one")
+        return ids[0]
 
     # -- state ------------------------------------------------------------------------------------
     @property
@@ -127,19 +142,29 @@ class Engine:
                            timings=timings)
 
     def rerank(self, query: str, documents: Sequence[str], *, truncate: bool | None = None,
-               timeout_s: float = 3600) -> RerankResult:
-        """Score every (query, document) pair; scores come back in document order."""
+               instruction: str | None = None, timeout_s: float = 3600) -> RerankResult:
+        """Score every (query, document) pair; scores come back in document order.
+
+        `instruction` (generative rerankers only) overrides the server's <Instruct> text.
+        """
         info = self.info
         if not info.is_reranker:
             raise InvalidInput("this server runs an embedding model: start a reranker with --reranking")
+        if instruction is not None and self._prompt is None:
+            raise InvalidInput("'instruction' is only used by generative rerankers; this one is a cross-encoder")
         cut = self.options.truncate if truncate is None else truncate
         started = time.monotonic()
-        pairs = [self._fit_pair(query, doc, info, cut) for doc in documents]
+        if self._prompt is not None:
+            task = instruction or self.options.rerank_instruction
+            pairs = [(self._fit_prompt(query, doc, task, info, cut), None) for doc in documents]
+        else:
+            pairs = [self._fit_pair(query, doc, info, cut) for doc in documents]
         tokenize_s = time.monotonic() - started
-        results, timings = self._serve([ids for ids, _ in pairs], [types for _, types in pairs], timeout_s)
+        type_lists = None if self._prompt is not None else [types for _, types in pairs]
+        results, timings = self._serve([ids for ids, _ in pairs], type_lists, timeout_s)
         timings.tokenize_s = tokenize_s
         scores = [float(r.value) for r in results]
-        if self.options.rerank_sigmoid:
+        if self.options.rerank_sigmoid and info.kind == registry.CROSS_ENCODER:
             scores = [1.0 / (1.0 + math.exp(-s)) for s in scores]
         return RerankResult(scores=scores, n_tokens=[len(ids) for ids, _ in pairs], timings=timings)
 
@@ -183,6 +208,33 @@ class Engine:
             return self.tokenizer.encode_pair(query, document, max_length=info.truncate_tokens)
         self._too_long(len(ids), info)
         return ids, types
+
+    def _fit_prompt(self, query: str, document: str, instruction: str | None, info: ModelInfo,
+                    truncate: bool) -> list[int]:
+        """The rendered prompt's tokens; truncation cuts the query/document content, never the scaffold."""
+        tok = self.tokenizer
+        ids = tok.encode(self._prompt.render(query, document, instruction), add_special=False)
+        if len(ids) <= info.max_input_tokens:
+            return ids
+        if not truncate:
+            self._too_long(len(ids), info)
+        parts = self._prompt.parts(instruction)
+        content = {"query": tok.encode(query, add_special=False), "document": tok.encode(document, add_special=False)}
+        scaffold = sum(len(tok.encode(p.text, add_special=False)) for p in parts if p.kind == "text")
+        budget = info.truncate_tokens - scaffold
+        if budget < 2:
+            self._too_long(len(ids), info)
+        n_query, n_doc = len(content["query"]), len(content["document"])
+        while n_query + n_doc > budget:  # longest first, as transformers' truncation does
+            if n_doc >= n_query:
+                n_doc -= 1
+            else:
+                n_query -= 1
+        content = {"query": content["query"][:n_query], "document": content["document"][:n_doc]}
+        out: list[int] = []
+        for part in parts:
+            out.extend(tok.encode(part.text, add_special=False) if part.kind == "text" else content[part.kind])
+        return out
 
     def _too_long(self, n_tokens: int, info: ModelInfo) -> None:
         """Raise InputTooLong naming whichever limit binds."""

@@ -1,0 +1,600 @@
+"""Every command-line option, declared once, and llama-server's way of resolving them (contract §7.1).
+
+Each Settings field carries its llama-server spellings in its metadata (see `option`); the options that
+mean nothing here are the `_IGNORED` table. `parse_settings` merges, low to high: defaults, the system
+config files, `--config FILE`, the environment and the command line, then lets pydantic validate the
+result. Nothing else in the project reads argv or LLAMA_ARG_* variables.
+"""
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from compat.presets import PresetError, parse_ini
+from engine.types import DEFAULT_MODEL_NAME, EngineOptions, Pooling
+
+logger = logging.getLogger(__name__)
+
+Kind = Literal["value", "flag", "paired", "accumulating"]
+
+GROUPS = ("server", "model", "embeddings", "batching", "http", "logging", "ignored-for-compatibility")
+
+SYSTEM_CONFIG_FILE = Path("/etc/llama.cpp/config.ini")
+
+
+class SettingsError(Exception):
+    """A configuration llama-server would refuse; the CLI prints `error: <message>` and exits 1."""
+
+
+class HelpRequested(Exception):
+    """-h/--help: the CLI prints `text` and exits 0."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+
+
+def option(
+    default: Any,
+    *,
+    flags: list[str],
+    help: str,
+    group: str,
+    kind: Kind = "value",
+    env: str | None = None,
+    metavar: str | None = None,
+    implies: dict[str, Any] | None = None,
+) -> Any:
+    """A Settings field that is also an option.
+
+    kind: value (takes one argument), flag (no argument, can only turn on), paired (`--x` / `--no-x`; the
+    `--no-` spellings are derived) or accumulating (comma-separated, repeats append). `implies`: other
+    fields a flag also sets when it is given (`--reranking` turns on embedding with rank pooling).
+    """
+    extra = {"flags": flags, "env": env, "help": help, "group": group, "kind": kind, "metavar": metavar,
+             "implies": implies or {}}
+    if default == []:
+        return Field(default_factory=list, json_schema_extra=extra)
+    return Field(default, json_schema_extra=extra)
+
+
+class Settings(BaseSettings):
+    """The resolved configuration. Field order is the order environment variables are applied in."""
+
+    model_config = SettingsConfigDict(extra="forbid")
+
+    config: str | None = option(
+        None, flags=["--config"], env="LLAMA_ARG_CONFIG", metavar="FILE", group="server",
+        help="INI file read like llama.cpp's config.ini, over the system config files")
+    host: str = option(
+        "127.0.0.1", flags=["--host"], env="LLAMA_ARG_HOST", metavar="HOST", group="server",
+        help="IP address to listen on, or a UNIX socket if the address ends with .sock")
+    port: int = option(8080, flags=["--port"], env="LLAMA_ARG_PORT", metavar="PORT", group="server",
+                       help="port to listen on; 0 picks a free one")
+    api_prefix: str = option("", flags=["--api-prefix"], env="LLAMA_ARG_API_PREFIX", metavar="PREFIX",
+                             group="server", help="prefix path the server serves from, without the trailing slash")
+    api_key: list[str] = option(
+        [], flags=["--api-key"], kind="accumulating", env="LLAMA_API_KEY", metavar="KEY", group="server",
+        help="API key for authentication; several comma-separated, or repeat the option")
+    api_key_file: str | None = option(
+        None, flags=["--api-key-file"], env="LLAMA_ARG_API_KEY_FILE", metavar="FNAME", group="server",
+        help="file with one API key per line ('#' lines skipped), added to --api-key")
+    metrics: bool = option(False, flags=["--metrics"], kind="flag", env="LLAMA_ARG_ENDPOINT_METRICS",
+                           group="server", help="enable the Prometheus-compatible /metrics endpoint")
+    props: bool = option(False, flags=["--props"], kind="flag", env="LLAMA_ARG_ENDPOINT_PROPS", group="server",
+                         help="allow changing global properties via POST /props")
+    slots: bool = option(True, flags=["--slots"], kind="paired", env="LLAMA_ARG_ENDPOINT_SLOTS", group="server",
+                         help="expose the /slots endpoint")
+
+    model: str | None = option(
+        None, flags=["-m", "--model"], env="LLAMA_ARG_MODEL", metavar="PATH", group="model",
+        help="model folder in Hugging Face layout (config.json, tokenizer.json, *.safetensors)")
+    hf_repo: str | None = option(
+        None, flags=["-hf", "-hfr", "--hf-repo"], env="LLAMA_ARG_HF_REPO", metavar="<user>/<model>",
+        group="model", help="Hugging Face repository, downloaded into the Hugging Face cache")
+    offline: bool = option(False, flags=["--offline"], kind="flag", env="LLAMA_ARG_OFFLINE", group="model",
+                           help="use only the local Hugging Face cache, never the network")
+    alias: list[str] = option(
+        [], flags=["-a", "--alias"], kind="accumulating", env="LLAMA_ARG_ALIAS", metavar="STRING", group="model",
+        help="model name aliases, comma-separated; the API reports the alphabetically first")
+    tags: list[str] = option([], flags=["--tags"], kind="accumulating", env="LLAMA_ARG_TAGS", metavar="STRING",
+                             group="model", help="model tags, comma-separated, reported by /v1/models")
+
+    embedding: bool = option(False, flags=["--embedding", "--embeddings"], kind="flag",
+                             env="LLAMA_ARG_EMBEDDINGS", group="embeddings",
+                             help="embeddings-only mode (always the case here; accepted for compatibility)")
+    pooling: Pooling | None = option(
+        None, flags=["--pooling"], env="LLAMA_ARG_POOLING", metavar="{none,mean,cls,last,rank,max}",
+        group="embeddings", help="pooling type; unset = the model's own (max is our extension)")
+    embd_normalize: int = option(
+        2, flags=["--embd-normalize"], metavar="N", group="embeddings",
+        help="normalization of /embedding vectors: -1 none, 0 max absolute, 1 taxicab, 2 Euclidean, >2 p-norm")
+    reranking: bool = option(
+        False, flags=["--reranking", "--rerank"], kind="flag", env="LLAMA_ARG_RERANKING", group="embeddings",
+        implies={"embedding": True, "pooling": Pooling.RANK.value},
+        help="enable the reranking endpoint (implies --embedding --pooling rank)")
+    truncate: bool = option(
+        False, flags=["--truncate"], kind="paired", env="LLAMA_ARG_TRUNCATE", group="embeddings",
+        help="cut over-long inputs to the model's maximum length instead of refusing them")
+
+    ctx_size: int = option(0, flags=["-c", "--ctx-size"], env="LLAMA_ARG_CTX_SIZE", metavar="N",
+                           group="batching", help="context size of all slots together; 0 = the model's own")
+    batch_size: int = option(2048, flags=["-b", "--batch-size"], env="LLAMA_ARG_BATCH", metavar="N",
+                             group="batching", help="logical batch size (the input limit is min(-b, -ub))")
+    ubatch_size: int = option(512, flags=["-ub", "--ubatch-size"], env="LLAMA_ARG_UBATCH", metavar="N",
+                              group="batching", help="physical batch size: the most tokens one input may have")
+    parallel: int = option(-1, flags=["-np", "--parallel"], env="LLAMA_ARG_N_PARALLEL", metavar="N",
+                           group="batching", help="number of server slots; -1 = auto (4)")
+    threads: int = option(-1, flags=["-t", "--threads"], env="LLAMA_ARG_THREADS", metavar="N", group="batching",
+                          help="CPU threads for the math library; -1 = the library's default")
+    max_batch_tokens: int = option(
+        8192, flags=["--max-batch-tokens"], env="LLAMA_ARG_MAX_BATCH_TOKENS", metavar="N", group="batching",
+        help="most rows x padded width in one forward pass")
+    max_batch_rows: int = option(64, flags=["--max-batch-rows"], env="LLAMA_ARG_MAX_BATCH_ROWS", metavar="N",
+                                 group="batching", help="most inputs in one forward pass")
+    max_queue_items: int = option(
+        4096, flags=["--max-queue-items"], env="LLAMA_ARG_MAX_QUEUE_ITEMS", metavar="N", group="batching",
+        help="most inputs waiting for the model; a request beyond that gets 503")
+
+    threads_http: int = option(-1, flags=["--threads-http"], env="LLAMA_ARG_THREADS_HTTP", metavar="N",
+                               group="http", help="threads serving HTTP requests; -1 = auto")
+    timeout: int = option(3600, flags=["-to", "--timeout"], env="LLAMA_ARG_TIMEOUT", metavar="N", group="http",
+                          help="server read/write timeout in seconds")
+    cors_origins: str = option("*", flags=["--cors-origins"], env="LLAMA_ARG_CORS_ORIGINS", metavar="ORIGINS",
+                               group="http", help="allowed CORS origins, comma-separated")
+    cors_methods: str = option(
+        "GET, POST, DELETE, OPTIONS", flags=["--cors-methods"], env="LLAMA_ARG_CORS_METHODS", metavar="METHODS",
+        group="http", help="allowed CORS methods")
+    cors_headers: str = option("*", flags=["--cors-headers"], env="LLAMA_ARG_CORS_HEADERS", metavar="HEADERS",
+                               group="http", help="allowed CORS headers")
+    cors_credentials: bool = option(
+        True, flags=["--cors-credentials"], kind="paired", env="LLAMA_ARG_CORS_CREDENTIALS", group="http",
+        help="allow CORS credentials")
+
+    verbosity: int = option(
+        3, flags=["-lv", "--verbosity", "--log-verbosity"], env="LLAMA_ARG_LOG_VERBOSITY", metavar="N",
+        group="logging", help="log threshold: 0 generic, 1 error, 2 warning, 3 info, 4 trace, 5 debug")
+    verbose: bool = option(False, flags=["-v", "--verbose", "--log-verbose"], kind="flag", group="logging",
+                           implies={"verbosity": 5}, help="log everything (sets the verbosity to 5)")
+    log_disable: bool = option(False, flags=["--log-disable"], kind="flag", group="logging", help="log nothing")
+    log_file: str | None = option(None, flags=["--log-file"], env="LLAMA_ARG_LOG_FILE", metavar="FNAME",
+                                  group="logging", help="also write the log to this file")
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # parse_settings is the only source: pydantic-settings must not read os.environ or argv itself.
+        return (init_settings,)
+
+    @field_validator("alias", "tags")
+    @classmethod
+    def _sorted_set(cls, value: list[str]) -> list[str]:
+        return sorted(set(value))  # llama keeps them in a std::set
+
+    @field_validator("parallel")
+    @classmethod
+    def _parallel_not_zero(cls, value: int) -> int:
+        if value == 0:
+            raise ValueError("n_parallel must not be 0 (-1 = auto)")
+        return value
+
+    @property
+    def model_name(self) -> str:
+        """The name the API reports: llama's first alias, else --hf-repo, else -m as typed."""
+        if self.alias:
+            return self.alias[0]
+        return self.hf_repo or self.model or DEFAULT_MODEL_NAME
+
+    @property
+    def n_ubatch(self) -> int:
+        """llama's effective n_ubatch (it forces n_batch = n_ubatch in embedding mode)."""
+        return min(self.batch_size, self.ubatch_size)
+
+    def engine_options(self, model_path: str | None) -> EngineOptions:
+        return EngineOptions(
+            model_path=model_path,
+            hf_repo=self.hf_repo,
+            offline=self.offline,
+            pooling=self.pooling,
+            ubatch_tokens=self.n_ubatch,
+            ctx_size=self.ctx_size,
+            parallel=self.parallel,
+            truncate=self.truncate,
+            max_batch_tokens=self.max_batch_tokens,
+            max_batch_rows=self.max_batch_rows,
+            max_queue_items=self.max_queue_items,
+            threads=self.threads,
+        )
+
+
+# llama-server options that mean nothing here. They are accepted (once logged) so launch scripts keep working;
+# each string is one option's spellings. Their environment variables are not read.
+_IGNORED_WITH_VALUE = (
+    "-ngl --gpu-layers --n-gpu-layers", "-fa --flash-attn", "--temp", "-s --seed", "-ctk --cache-type-k",
+    "-ctv --cache-type-v", "-n --n-predict --predict", "-hff --hf-file", "-hft --hf-token", "--mmproj",
+    "-cram --cache-ram", "--sleep-idle-seconds", "--chat-template", "--chat-template-file",
+    "--reasoning-format", "--slot-save-path", "-gan --grp-attn-n", "-gaw --grp-attn-w", "-dev --device",
+    "--models-dir", "-mu --model-url", "--lora", "--spec-type", "--tools",
+)
+_IGNORED_FLAGS = (
+    "--jinja --no-jinja", "-cb --cont-batching -nocb --no-cont-batching", "-kvu --kv-unified -no-kvu --no-kv-unified",
+    "--no-mmproj", "--ui --webui --no-ui --no-webui", "--reuse-port", "--cache-prompt --no-cache-prompt",
+    "--swa-full", "--context-shift --no-context-shift", "--no-warmup", "--mlock", "--no-mmap",
+    "--no-models-autoload", "--log-prefix --no-log-prefix", "--log-timestamps --no-log-timestamps",
+)
+# Options whose value may be left out: the next argument is taken only if it is one of these.
+_IGNORED_OPTIONAL_VALUE = {"--log-colors": ("on", "off", "auto")}
+
+_TRUTHY = ("on", "enabled", "true", "1")
+_FALSEY = ("off", "disabled", "false", "0")
+_STOI = re.compile(r"[ \t\n\v\f\r]*([+-]?[0-9]+)")
+
+
+@dataclass(frozen=True, eq=False)  # compared and hashed by identity
+class _Option:
+    field: str | None  # None: accepted for compatibility and ignored
+    flags: tuple[str, ...]
+    no_flags: tuple[str, ...]  # paired options: the spellings that turn it off
+    env: str | None
+    kind: str  # a Kind, or "ignored"
+    arity: Literal["none", "one", "optional"]
+    choices: tuple[str, ...]  # "optional" arity: the values that may follow
+    metavar: str | None
+    help: str
+    group: str
+    default: Any
+    implies: Mapping[str, Any]
+    convert: Callable[[str], Any]  # the text of a value option to its value
+
+    @property
+    def config_key(self) -> str:
+        return next(flag for flag in self.flags if flag.startswith("--")).lstrip("-")
+
+
+def _stoi(text: str) -> int:
+    """std::stoi: leading blanks, a sign and digits; whatever follows is dropped."""
+    match = _STOI.match(text)
+    if match is None:
+        raise ValueError(f"invalid integer {text!r}")
+    value = int(match.group(1))
+    if not -(2**31) <= value < 2**31:
+        raise ValueError(f"integer out of range: {text!r}")
+    return value
+
+
+def _pooling(text: str) -> Pooling:
+    try:
+        return Pooling(text)
+    except ValueError:
+        names = ", ".join(p.value for p in Pooling)
+        raise ValueError(f"invalid value {text!r} (expected one of {names})") from None
+
+
+def _converter(annotation: Any) -> Callable[[str], Any]:
+    types = set(get_args(annotation)) or {annotation}
+    if int in types:
+        return _stoi
+    if Pooling in types:
+        return _pooling
+    return str
+
+
+def _declared_options() -> list[_Option]:
+    options = []
+    for name, info in Settings.model_fields.items():
+        meta = info.json_schema_extra
+        assert isinstance(meta, dict), f"{name} is not declared with option()"
+        kind = meta["kind"]
+        flags = tuple(meta["flags"])
+        no_flags = tuple("--no-" + f[2:] for f in flags if f.startswith("--")) if kind == "paired" else ()
+        options.append(_Option(
+            field=name, flags=flags, no_flags=no_flags, env=meta["env"], kind=kind,
+            arity="none" if kind in ("flag", "paired") else "one", choices=(), metavar=meta["metavar"],
+            help=meta["help"], group=meta["group"], default=info.get_default(call_default_factory=True),
+            implies=meta["implies"], convert=_converter(info.annotation)))
+    ignored: list[tuple[str, Literal["none", "one", "optional"], tuple[str, ...]]] = [
+        *((spellings, "one", ()) for spellings in _IGNORED_WITH_VALUE),
+        *((spellings, "none", ()) for spellings in _IGNORED_FLAGS),
+        *((spellings, "optional", values) for spellings, values in _IGNORED_OPTIONAL_VALUE.items()),
+    ]
+    for spellings, arity, choices in ignored:
+        metavar = {"one": "VALUE", "none": None, "optional": f"[{'|'.join(choices)}]"}[arity]
+        options.append(_Option(
+            field=None, flags=tuple(spellings.split()), no_flags=(), env=None, kind="ignored", arity=arity,
+            choices=choices, metavar=metavar, help="accepted and ignored", group="ignored-for-compatibility",
+            default=None, implies={}, convert=str))
+    return options
+
+
+_OPTIONS = _declared_options()
+
+
+def _spelling_index(spelling_of: Callable[[str], str]) -> dict[str, tuple[_Option, bool]]:
+    """Every spelling -> (its option, whether the spelling negates it); a spelling declared twice is a bug."""
+    index: dict[str, tuple[_Option, bool]] = {}
+    for opt in _OPTIONS:
+        for spelling, negated in [*((f, False) for f in opt.flags), *((f, True) for f in opt.no_flags)]:
+            key = spelling_of(spelling)
+            assert key not in index, f"option spelling {spelling} declared twice"
+            index[key] = (opt, negated)
+    return index
+
+
+_BY_FIELD = {opt.field: opt for opt in _OPTIONS if opt.field}
+_BY_FLAG = _spelling_index(lambda flag: flag)
+# INI keys: any spelling without its dashes, or the env name.
+_BY_INI_KEY = _spelling_index(lambda flag: flag.lstrip("-"))
+_BY_INI_KEY.update({opt.env: (opt, False) for opt in _OPTIONS if opt.env})
+
+_HELP_FLAGS = ("-h", "--help", "--usage")
+
+
+def _no_env(env: str) -> str:
+    return env.replace("LLAMA_ARG_", "LLAMA_ARG_NO_")
+
+
+def _env_is_set(opt: _Option, environ: Mapping[str, str]) -> bool:
+    return opt.env is not None and (opt.env in environ or (opt.kind == "paired" and _no_env(opt.env) in environ))
+
+
+def _csv(text: str) -> list[str]:
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def _read_key_file(path: str) -> list[str]:
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise ValueError(f"failed to open file '{path}': {exc.strerror}") from None
+    return [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+
+
+@contextmanager
+def _handling(where: str) -> Iterator[None]:
+    """Reword a bad value as llama does, naming where it came from."""
+    try:
+        yield
+    except ValueError as exc:
+        raise SettingsError(f"error while handling {where}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class _Arg:
+    """One option found on the command line."""
+
+    opt: _Option
+    spelling: str  # as typed, underscores made hyphens
+    value: str | None
+    negated: bool
+
+
+def _read_command_line(argv: list[str]) -> list[_Arg]:
+    """Split argv into options and their values, before anything is applied."""
+    found = []
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        i += 1
+        name, equals, value = token.partition("=") if token.startswith("-") else (token, "", "")
+        inline = value if equals else None
+        if name.startswith("--"):
+            name = name.replace("_", "-")
+        if name in _HELP_FLAGS:
+            raise HelpRequested(format_help())
+        if name not in _BY_FLAG:
+            raise SettingsError(f"invalid argument: {token}")
+        opt, negated = _BY_FLAG[name]
+        if opt.arity == "none" and inline is not None:
+            raise SettingsError(f'error while handling argument "{name}": this option takes no value')
+        if opt.arity == "one" and inline is None:
+            if i == len(argv):
+                raise SettingsError(f'error while handling argument "{name}": expected value for argument')
+            inline = argv[i]
+            i += 1
+        if opt.arity == "optional" and inline is None and i < len(argv) and argv[i] in opt.choices:
+            inline = argv[i]
+            i += 1
+        found.append(_Arg(opt, name, inline, negated))
+    return found
+
+
+class _Resolver:
+    """Applies options layer by layer onto a dict of field values, each later application winning."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, Any] = {}
+        # An accumulating option gathers repeats within one layer; a higher layer replaces what it gathered.
+        self._filled_by: dict[str, str] = {}
+        self._ignored_seen: set[_Option] = set()
+
+    def apply(self, opt: _Option, value: str | bool, layer: str) -> None:
+        """value: the text of a value/accumulating option, the on/off state of a flag/paired one."""
+        assert opt.field is not None
+        if isinstance(value, bool):
+            self.values[opt.field] = value
+            if value:
+                self.values.update(opt.implies)
+        elif opt.kind == "accumulating":
+            self._extend(opt.field, _csv(value), layer)
+        else:
+            self.values[opt.field] = opt.convert(value)
+            if opt.field == "api_key_file":
+                self._extend("api_key", _read_key_file(value), layer)
+
+    def _extend(self, field: str, items: list[str], layer: str) -> None:
+        if self._filled_by.get(field) != layer:
+            self._filled_by[field] = layer
+            self.values[field] = []
+        self.values[field].extend(items)
+
+    def ignore(self, opt: _Option, spelling: str) -> None:
+        if opt not in self._ignored_seen:
+            self._ignored_seen.add(opt)
+            logger.info("ignoring %s: not used by mlx-embed-server", spelling)
+
+    def apply_ini(self, path: Path) -> None:
+        try:
+            sections = parse_ini(path.read_text(encoding="utf-8"), str(path))
+        except (OSError, UnicodeError) as exc:
+            raise SettingsError(f"cannot read config file {path}: {exc}") from None
+        except PresetError as exc:
+            raise SettingsError(str(exc)) from None
+        logger.info("using config file: %s", path)
+        layer = f"file:{path}"
+        # As llama: the global section, [default] and keys before any section; other sections are presets.
+        for section, entries in sections.items():
+            if section not in ("", "*", "default"):
+                continue
+            for entry in entries:
+                if entry.key == "version":  # reserved by llama
+                    continue
+                found = _BY_INI_KEY.get(entry.key) or _BY_INI_KEY.get(entry.key.replace("_", "-"))
+                if found is None:
+                    logger.warning("%s:%d: unknown key %r ignored", path, entry.line, entry.key)
+                    continue
+                opt, negated = found
+                if opt.field is None:
+                    self.ignore(opt, entry.key)
+                elif opt.field == "config":  # config files do not chain
+                    logger.warning("%s:%d: key %r ignored in a config file", path, entry.line, entry.key)
+                else:
+                    with _handling(f'key "{entry.key}" in {path} line {entry.line}'):
+                        if opt.kind == "flag":  # applied whatever the value, as llama does
+                            self.apply(opt, True, layer)
+                        elif opt.kind == "paired":
+                            self.apply(opt, (entry.value in _TRUTHY) != negated, layer)
+                        else:
+                            self.apply(opt, entry.value, layer)
+
+    def apply_env(self, environ: Mapping[str, str]) -> None:
+        for opt in _OPTIONS:
+            if opt.env is None or not _env_is_set(opt, environ):
+                continue
+            with _handling(f'environment variable "{opt.env}"'):
+                if opt.kind == "paired" and _no_env(opt.env) in environ:
+                    self.apply(opt, False, "env")  # LLAMA_ARG_NO_X, whatever its value, wins
+                    continue
+                text = environ[opt.env]
+                if opt.kind == "flag":
+                    if text in _TRUTHY:  # anything else is silently ignored, as llama does
+                        self.apply(opt, True, "env")
+                elif opt.kind == "paired":
+                    if text not in _TRUTHY and text not in _FALSEY:
+                        raise ValueError("invalid boolean value")
+                    self.apply(opt, text in _TRUTHY, "env")
+                else:
+                    self.apply(opt, text, "env")
+
+    def apply_command_line(self, args: list[_Arg], environ: Mapping[str, str]) -> None:
+        for arg in args:
+            if arg.opt.field is None:
+                self.ignore(arg.opt, arg.spelling)
+                continue
+            if _env_is_set(arg.opt, environ):
+                logger.warning("warn: %s environment variable is set, but will be overwritten by command line "
+                               "argument %s", arg.opt.env, arg.spelling)
+            with _handling(f'argument "{arg.spelling}"'):
+                self.apply(arg.opt, not arg.negated if arg.value is None else arg.value, "cli")
+
+
+def _user_config_file(environ: Mapping[str, str]) -> Path | None:
+    """${XDG_CONFIG_HOME:-$HOME/.config}/llama.cpp/config.ini; None without either variable."""
+    if base := environ.get("XDG_CONFIG_HOME"):
+        return Path(base) / "llama.cpp" / "config.ini"
+    if home := environ.get("HOME"):
+        return Path(home) / ".config" / "llama.cpp" / "config.ini"
+    return None
+
+
+def parse_settings(
+    argv: list[str], environ: Mapping[str, str], *, system_config_files: list[Path] | None = None
+) -> Settings:
+    """Resolve the options as llama-server does. argv excludes the program name.
+
+    system_config_files replaces /etc/llama.cpp/config.ini and the user's config.ini (tests pass temp files);
+    the ones that do not exist are skipped.
+    """
+    args = _read_command_line(argv)
+    resolver = _Resolver()
+    if system_config_files is None:
+        system_config_files = [SYSTEM_CONFIG_FILE, *filter(None, [_user_config_file(environ)])]
+    for path in system_config_files:
+        if path.is_file():
+            resolver.apply_ini(path)
+    config_env = _BY_FIELD["config"].env or ""
+    config = next((a.value for a in reversed(args) if a.opt.field == "config"), environ.get(config_env))
+    if config is not None:
+        if not Path(config).is_file():
+            raise SettingsError(f"config file not found: {config}")
+        resolver.apply_ini(Path(config))
+    resolver.apply_env(environ)
+    resolver.apply_command_line(args, environ)
+    try:
+        return Settings(**resolver.values)
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            opt = _BY_FIELD[str(error["loc"][0])]
+            message = str(error["msg"]).removeprefix("Value error, ")
+            problems.append(f"invalid value for {', '.join(opt.flags)}: {message}")
+        raise SettingsError("; ".join(problems)) from None
+
+
+def _shown_default(opt: _Option) -> str:
+    if opt.kind in ("flag", "paired"):
+        return "enabled" if opt.default else "disabled"
+    if opt.default is None:
+        return "unset"
+    if opt.default == []:
+        return "none"
+    if opt.default == "":
+        return '""'
+    return str(opt.default)
+
+
+def format_help() -> str:
+    """The -h text: every option by group, with its value, default and environment variable."""
+    lines = [
+        "usage: mlx-embed-server [options]",
+        "",
+        "A llama-server compatible embeddings and reranking server on MLX. Options are read, low to high, from",
+        "/etc/llama.cpp/config.ini, ${XDG_CONFIG_HOME:-$HOME/.config}/llama.cpp/config.ini, --config FILE,",
+        "the environment and the command line.",
+        "",
+        f"  {'-h, --help, --usage':<48} print this help and exit",
+    ]
+    for group in GROUPS:
+        lines += ["", f"{group}:"]
+        for opt in (o for o in _OPTIONS if o.group == group):
+            head = ", ".join(opt.flags + opt.no_flags) + (f" {opt.metavar}" if opt.metavar else "")
+            text = opt.help if opt.kind == "ignored" else f"{opt.help} (default: {_shown_default(opt)})"
+            if opt.env:
+                text += f" [env: {opt.env}]"
+            lines.append(f"  {head:<48} {text}")
+    return "\n".join(lines) + "\n"
+
+
+def option_table() -> list[dict[str, Any]]:
+    """One row per option, ignored ones included (group "ignored-for-compatibility").
+
+    Keys: flags (every spelling), env (None if none), config_key, default, help, group, kind.
+    """
+    return [
+        {"flags": list(opt.flags + opt.no_flags), "env": opt.env, "config_key": opt.config_key,
+         "default": opt.default, "help": opt.help, "group": opt.group, "kind": opt.kind}
+        for opt in _OPTIONS
+    ]

@@ -1,0 +1,77 @@
+"""Reranker prompts: the checkpoint's own Jinja template when it ships one, else ours from templates/."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from jinja2 import TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from engine.checkpoint import Checkpoint
+from engine.errors import UnsupportedCheckpoint
+
+# The model card's default task for Qwen3-Reranker.
+DEFAULT_INSTRUCTION = "Given a web search query, retrieve relevant passages that answer the query"
+
+# Where a checkpoint ships its reranker prompt (Qwen3-VL-Reranker does; plain Qwen3-Reranker does not).
+CHECKPOINT_TEMPLATE = Path("additional_chat_templates") / "reranker.jinja"
+
+_QUERY_MARK, _DOCUMENT_MARK = "\ue000query\ue000", "\ue000document\ue000"
+
+
+def templates_dir() -> Path:
+    """Our templates: the installed data package, or templates/ beside engine/ in a source checkout."""
+    try:
+        installed = resources.files("engine.templates")
+        if installed.is_dir():
+            return Path(str(installed))
+    except ModuleNotFoundError:
+        pass
+    return Path(__file__).resolve().parent.parent / "templates"
+
+
+@dataclass(frozen=True)
+class PromptPart:
+    kind: str  # "text" | "query" | "document"
+    text: str = ""
+
+
+class RerankPrompt:
+    """Renders one (query, document) prompt; also splits it into scaffold and content for truncation."""
+
+    def __init__(self, checkpoint: Checkpoint, fallback: str):
+        own = checkpoint.path / CHECKPOINT_TEMPLATE
+        path = own if own.is_file() else templates_dir() / fallback
+        if not path.is_file():
+            raise UnsupportedCheckpoint(f"{checkpoint.path}: no reranker template (looked for {own} and {path})")
+        env = ImmutableSandboxedEnvironment(keep_trailing_newline=True, autoescape=False)
+        try:
+            self._template = env.from_string(path.read_text(encoding="utf-8"))
+        except TemplateError as exc:
+            raise UnsupportedCheckpoint(f"{path}: invalid Jinja template: {exc}") from exc
+        self.source = path
+        probe = self.render(_QUERY_MARK, _DOCUMENT_MARK, DEFAULT_INSTRUCTION)
+        if probe.count(_QUERY_MARK) != 1 or probe.count(_DOCUMENT_MARK) != 1:
+            raise UnsupportedCheckpoint(f"{path}: the template must place the query and the document once each")
+
+    def render(self, query: str, document: str, instruction: str | None = None) -> str:
+        return self._template.render(query=query, document=document,
+                                     instruction=instruction or DEFAULT_INSTRUCTION)
+
+    def parts(self, instruction: str | None = None) -> list[PromptPart]:
+        """The prompt as scaffold text and content slots, in order."""
+        text = self.render(_QUERY_MARK, _DOCUMENT_MARK, instruction)
+        out: list[PromptPart] = []
+        while text:
+            q, d = text.find(_QUERY_MARK), text.find(_DOCUMENT_MARK)
+            hits = [(i, mark) for i, mark in ((q, _QUERY_MARK), (d, _DOCUMENT_MARK)) if i >= 0]
+            if not hits:
+                out.append(PromptPart("text", text))
+                break
+            at, mark = min(hits)
+            if at:
+                out.append(PromptPart("text", text[:at]))
+            out.append(PromptPart("query" if mark == _QUERY_MARK else "document"))
+            text = text[at + len(mark):]
+        return out
