@@ -110,7 +110,7 @@ class Settings(BaseSettings):
 
     embedding: bool = option(False, flags=["--embedding", "--embeddings"], kind="flag",
                              env="LLAMA_ARG_EMBEDDINGS", group="embeddings",
-                             help="embeddings-only mode (always the case here; accepted for compatibility)")
+                             help="serve the embedding routes (without it they answer 501, as in llama-server)")
     pooling: Pooling | None = option(
         None, flags=["--pooling"], env="LLAMA_ARG_POOLING", metavar="{none,mean,cls,last,rank,max}",
         group="embeddings", help="pooling type; unset = the model's own (max is our extension)")
@@ -124,6 +124,14 @@ class Settings(BaseSettings):
     truncate: bool = option(
         False, flags=["--truncate"], kind="paired", env="LLAMA_ARG_TRUNCATE", group="embeddings",
         help="cut over-long inputs to the model's maximum length instead of refusing them")
+    rerank_sigmoid: bool = option(
+        False, flags=["--rerank-sigmoid"], kind="paired", env="LLAMA_ARG_RERANK_SIGMOID", group="embeddings",
+        help="cross-encoder scores as sigmoid(logit) in [0, 1] instead of the raw logit (generative "
+             "rerankers always give P(yes))")
+    rerank_instruction: str | None = option(
+        None, flags=["--rerank-instruction"], env="LLAMA_ARG_RERANK_INSTRUCTION", metavar="TEXT",
+        group="embeddings", help="generative rerankers: the <Instruct> task text (default: the model card's web "
+                                 "search instruction); a request's 'instruction' overrides it")
 
     ctx_size: int = option(0, flags=["-c", "--ctx-size"], env="LLAMA_ARG_CTX_SIZE", metavar="N",
                            group="batching", help="context size of all slots together; 0 = the model's own")
@@ -218,6 +226,8 @@ class Settings(BaseSettings):
             max_batch_rows=self.max_batch_rows,
             max_queue_items=self.max_queue_items,
             threads=self.threads,
+            rerank_sigmoid=self.rerank_sigmoid,
+            rerank_instruction=self.rerank_instruction,
         )
 
 

@@ -17,6 +17,7 @@ def normalize_embedding(vec: np.ndarray, p: int) -> np.ndarray:
     elif p == 2:
         total = float(np.sqrt(np.sum((x * x).astype(np.float64))))  # product in float, sum in double
     else:
-        total = float(np.sum(np.abs(x.astype(np.float64)) ** p)) ** (1.0 / p)
+        with np.errstate(divide="ignore"):  # negative p on a zero component: inf, then 0, as in C
+            total = float(np.sum(np.abs(x.astype(np.float64)) ** p)) ** (1.0 / p)
     norm = np.float32(1.0 / total) if total > 0 else np.float32(0.0)
     return x * norm

@@ -19,9 +19,13 @@ MODEL_TYPE_ALIASES = {"xlm-roberta": "xlm_roberta"}
 # What each family file serves, by architectures[0] ("" = a config without architectures).
 EMBEDDERS = {
     "bert": {"", "BertModel", "BertForMaskedLM", "BertForPreTraining"},
+    "xlm_roberta": {"", "XLMRobertaModel", "XLMRobertaForMaskedLM"},
+    "modernbert": {"", "ModernBertModel", "ModernBertForMaskedLM"},
 }
 CROSS_ENCODERS = {
     "bert": "BertForSequenceClassification",
+    "xlm_roberta": "XLMRobertaForSequenceClassification",
+    "modernbert": "ModernBertForSequenceClassification",
 }
 # Causal LMs scored by the yes/no recipe (engine/prompts.py builds their prompt).
 GENERATIVE_RERANKERS = {
@@ -29,7 +33,7 @@ GENERATIVE_RERANKERS = {
 }
 
 # Without 1_Pooling/config.json: what sentence-transformers itself would do with a bare encoder.
-FAMILY_DEFAULT_POOLING = {"bert": Pooling.MEAN}
+FAMILY_DEFAULT_POOLING = {"bert": Pooling.MEAN, "xlm_roberta": Pooling.MEAN, "modernbert": Pooling.MEAN}
 
 EMBEDDER, CROSS_ENCODER, GENERATIVE_RERANKER = "embedder", "cross-encoder", "generative-reranker"
 

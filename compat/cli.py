@@ -1,0 +1,42 @@
+"""The `mlx-embed-server` command: llama-server's command line, then the server."""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+from compat.settings import HelpRequested, Settings, SettingsError, parse_settings
+
+_LEVELS = {0: logging.ERROR, 1: logging.ERROR, 2: logging.WARNING, 3: logging.INFO}
+
+
+def configure_logging(settings: Settings) -> None:
+    if settings.log_disable:
+        logging.disable(logging.CRITICAL)
+        return
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    if settings.log_file:
+        handlers.append(logging.FileHandler(settings.log_file))
+    logging.basicConfig(level=_LEVELS.get(settings.verbosity, logging.DEBUG), handlers=handlers, force=True,
+                        format="%(asctime)s %(levelname).1s %(name)s: %(message)s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    # Logging for what the settings parser reports (env overrides, ignored flags) before --log-* apply.
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname).1s %(name)s: %(message)s")
+    try:
+        settings = parse_settings(sys.argv[1:] if argv is None else argv, os.environ)
+    except HelpRequested as help_text:
+        print(str(help_text))
+        return 0
+    except SettingsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    configure_logging(settings)
+    from compat import server  # imports the engine (and MLX) only once the command line is valid
+
+    return server.run(settings)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

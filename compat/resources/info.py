@@ -1,0 +1,97 @@
+"""GET /health, /props (+ POST), /models, /slots and /metrics (contract §6)."""
+from __future__ import annotations
+
+import threading
+import time
+from typing import TYPE_CHECKING
+
+import falcon
+
+from compat.errors import NOT_SUPPORTED, ApiError
+from compat.wire.info import (render_health_response, render_models_response, render_props_response,
+                              render_slots_response)
+from compat.wire.metrics import prompt_throughput, render_metrics_response
+from engine import Engine
+
+if TYPE_CHECKING:
+    from compat.settings import Settings
+
+PROPS_DISABLED = "This server does not support changing global properties. Start it with `--props`"
+SLOTS_DISABLED = "This server does not support slots endpoint. Start it with `--slots`"
+METRICS_DISABLED = "This server does not support metrics endpoint. Start it with `--metrics`"
+METRICS_CONTENT_TYPE = "text/plain; version=0.0.4"
+
+
+class HealthResource:
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        resp.media = render_health_response()
+
+    on_head = on_get
+
+
+class PropsResource:
+    def __init__(self, engine: Engine, settings: Settings, version: str):
+        self._engine = engine
+        self._settings = settings
+        self._version = version
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        resp.media = render_props_response(self._settings, self._engine.info, self._version)
+
+    on_head = on_get
+
+    def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
+        if not self._settings.props:
+            raise ApiError(501, NOT_SUPPORTED, PROPS_DISABLED)
+        resp.media = {"success": True}  # nothing is changeable; llama's POST /props is a no-op too
+
+
+class ModelsResource:
+    def __init__(self, engine: Engine, settings: Settings, capabilities: list[str]):
+        self._engine = engine
+        self._settings = settings
+        self._capabilities = capabilities
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        resp.media = render_models_response(self._settings, self._engine.info, self._capabilities,
+                                            created=int(time.time()))
+
+    on_head = on_get
+
+
+class SlotsResource:
+    def __init__(self, engine: Engine, settings: Settings):
+        self._engine = engine
+        self._settings = settings
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        if not self._settings.slots:
+            raise ApiError(501, NOT_SUPPORTED, SLOTS_DISABLED)
+        n_processing = int(self._engine.stats()["requests_processing"])
+        resp.media = render_slots_response(self._engine.info, n_processing)
+
+    on_head = on_get
+
+
+class MetricsResource:
+    """Keeps the previous scrape's counters: llama's prompt_tokens_seconds covers the time since then."""
+
+    def __init__(self, engine: Engine, settings: Settings, started_unix: int):
+        self._engine = engine
+        self._settings = settings
+        self._started_unix = started_unix
+        self._previous: dict[str, float] | None = None
+        self._lock = threading.Lock()  # one instance serves every waitress thread
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        if not self._settings.metrics:
+            raise ApiError(501, NOT_SUPPORTED, METRICS_DISABLED)
+        with self._lock:
+            stats = dict(self._engine.stats())  # a snapshot: the next scrape measures from here
+            throughput = prompt_throughput(stats, self._previous)
+            self._previous = stats
+        resp.content_type = METRICS_CONTENT_TYPE
+        resp.set_header("Process-Start-Time-Unix", str(self._started_unix))
+        resp.text = render_metrics_response(stats, throughput)
+
+    on_head = on_get

@@ -1,0 +1,20 @@
+"""Routes llama-server has that this server answers with 501 not_supported_error."""
+from __future__ import annotations
+
+import falcon
+
+from compat.errors import NOT_SUPPORTED, ApiError
+
+RERANK_DISABLED = "This server does not support reranking. Start it with `--reranking`"
+
+
+def not_served_message(route: str) -> str:
+    return f"This server serves embeddings and reranking only; {route} is not available"
+
+
+class UnsupportedRouteResource:
+    def __init__(self, message: str):
+        self._message = message
+
+    def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
+        raise ApiError(501, NOT_SUPPORTED, self._message)

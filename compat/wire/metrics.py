@@ -1,0 +1,49 @@
+"""The Prometheus text of /metrics (contract §6.5): every `llamacpp:` metric, in llama-server's order. Pure."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+# (name, type, help). Generation and speculative-decoding metrics exist for llama's clients and stay 0 here.
+_METRICS = (
+    ("prompt_tokens_total", "counter", "Number of prompt tokens processed."),
+    ("prompt_tokens_cached_total", "counter", "Number of prompt tokens reused from the cache."),
+    ("prompt_seconds_total", "counter", "Prompt process time"),
+    ("tokens_predicted_total", "counter", "Number of generation tokens processed."),
+    ("tokens_predicted_seconds_total", "counter", "Predict process time"),
+    ("n_decode_total", "counter", "Total number of llama_decode() calls"),
+    ("n_tokens_max", "counter", "Largest observed n_tokens."),
+    ("spec_decode_num_draft_tokens_total", "counter", "Total draft tokens generated"),
+    ("spec_decode_num_accepted_tokens_total", "counter", "Total draft tokens accepted"),
+    ("spec_decode_num_drafts_total", "counter", "Total speculative decoding steps"),
+    ("prompt_tokens_seconds", "gauge", "Average prompt throughput in tokens/s."),
+    ("predicted_tokens_seconds", "gauge", "Average generation throughput in tokens/s."),
+    ("requests_processing", "gauge", "Number of requests processing."),
+    ("requests_deferred", "gauge", "Number of requests deferred."),
+    ("n_busy_slots_per_decode", "gauge", "Average number of busy slots per llama_decode() call"),
+)
+
+
+def prompt_throughput(stats: Mapping[str, float], previous: Mapping[str, float] | None) -> float:
+    """Prompt tokens per second since the previous scrape (llama resets this bucket on every scrape)."""
+    before = previous or {}
+    tokens = stats["prompt_tokens_total"] - before.get("prompt_tokens_total", 0)
+    seconds = stats["prompt_seconds_total"] - before.get("prompt_seconds_total", 0.0)
+    return tokens / seconds if tokens > 0 and seconds > 0 else 0.0
+
+
+def render_metrics_response(stats: Mapping[str, float], prompt_tokens_seconds: float) -> str:
+    values = {
+        "prompt_tokens_total": stats["prompt_tokens_total"],
+        "prompt_seconds_total": stats["prompt_seconds_total"],
+        "n_decode_total": stats["n_decode_total"],
+        "n_tokens_max": stats["n_tokens_max"],
+        "prompt_tokens_seconds": prompt_tokens_seconds,
+        "requests_processing": stats["requests_processing"],
+        "requests_deferred": stats["requests_deferred"],
+    }
+    lines = []
+    for name, kind, help_text in _METRICS:
+        # `:g` is C++'s default `ostream << double` (6 significant digits), which llama uses
+        lines += [f"# HELP llamacpp:{name} {help_text}", f"# TYPE llamacpp:{name} {kind}",
+                  f"llamacpp:{name} {float(values.get(name, 0)):g}"]
+    return "\n".join(lines) + "\n"

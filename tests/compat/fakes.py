@@ -1,0 +1,92 @@
+"""A deterministic stand-in for engine.Engine: no model, no threads."""
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+
+import numpy as np
+
+from engine.errors import EmptyInput, InputTooLong, InvalidTokens
+from engine.types import EmbedResult, ModelInfo, Pooling, Timings, VocabType
+
+CLS, SEP = 101, 102
+N_VOCAB = 1000
+N_EMBD = 4
+
+
+def word_id(word: str) -> int:
+    return 200 + zlib.crc32(word.encode()) % 700
+
+
+def pooled_vector(ids: Sequence[int]) -> np.ndarray:
+    """A vector that differs per input; the last input component is 0 so some norms see a zero entry."""
+    return np.array([len(ids), (sum(ids) % 97) - 48.5, ids[0] / 7.0, 0.0], dtype=np.float32)
+
+
+def token_rows(ids: Sequence[int]) -> np.ndarray:
+    return np.array([[t, t % 7 - 3, 1.5, -2.0] for t in ids], dtype=np.float32)
+
+
+class FakeEngine:
+    """Tokenizes by splitting on spaces, wraps [CLS]/[SEP] around a leading text part when add_special."""
+
+    def __init__(self, pooling: Pooling = Pooling.MEAN, loaded: bool = True, max_input_tokens: int = 16,
+                 limit_kind: str = "ubatch"):
+        self.is_loaded = loaded
+        self.info = ModelInfo(
+            path="/models/fake-minilm", model_type="bert", architecture="BertModel", vocab_type=VocabType.WPM,
+            n_vocab=N_VOCAB, n_embd=N_EMBD, n_ctx_train=512, n_params=22713216, size_bytes=90868376,
+            ftype="F32", pooling=pooling, max_input_tokens=max_input_tokens, truncate_tokens=512, slot_ctx=256,
+            n_slots=2, bos_token="[CLS]", eos_token="[SEP]")
+        self.limit_kind = limit_kind
+        self.embed_calls: list[dict] = []
+        self.encode_calls: list[dict] = []
+        self.raise_on_embed: Exception | None = None
+        self.fixed_vector: np.ndarray | None = None  # when set, every pooled input gets this vector
+        self.processing = 0
+        self.counters = {"prompt_tokens_total": 0, "prompt_seconds_total": 0.0, "n_decode_total": 0,
+                         "n_tokens_max": 0}
+        self._words: dict[int, str] = {CLS: "[CLS]", SEP: "[SEP]"}
+
+    def encode_prompt(self, parts: Sequence[str | int], add_special: bool = True,
+                      parse_special: bool = True) -> list[int]:
+        self.encode_calls.append({"parts": list(parts), "add_special": add_special, "parse_special": parse_special})
+        ids: list[int] = []
+        for i, part in enumerate(parts):
+            if isinstance(part, int):
+                ids.append(part)
+                continue
+            words = [word_id(w) for w in part.split()]
+            self._words.update(zip(words, part.split()))
+            ids += [CLS, *words, SEP] if i == 0 and add_special else words
+        return ids
+
+    def token_pieces(self, ids: Sequence[int]) -> list[str | list[int]]:
+        return [[0xE2, 0x82] if t == 7 else " " + self._words.get(t, "?") for t in ids]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return " ".join(self._words.get(t, "?") for t in ids)
+
+    def embed(self, token_lists: list[list[int]], *, truncate: bool | None = None,
+              timeout_s: float = 3600) -> EmbedResult:
+        self.embed_calls.append({"token_lists": token_lists, "truncate": truncate, "timeout_s": timeout_s})
+        if self.raise_on_embed is not None:
+            raise self.raise_on_embed
+        for ids in token_lists:
+            if not ids:
+                raise EmptyInput("empty input")
+            if any(t < 0 or t >= N_VOCAB for t in ids):
+                raise InvalidTokens("bad token")
+            if len(ids) > self.info.max_input_tokens and not truncate:
+                raise InputTooLong(len(ids), self.info.max_input_tokens, self.limit_kind)
+        kept = [ids[: self.info.max_input_tokens] for ids in token_lists]
+        make = token_rows if self.info.pooling is Pooling.NONE else pooled_vector
+        vectors = [make(ids) if self.fixed_vector is None else self.fixed_vector for ids in kept]
+        self.counters["prompt_tokens_total"] += sum(map(len, kept))
+        self.counters["prompt_seconds_total"] += 0.5
+        self.counters["n_decode_total"] += 1
+        return EmbedResult(vectors=vectors, n_tokens=[len(ids) for ids in kept],
+                           timings=Timings(tokenize_s=0.0, queue_s=0.002, inference_s=0.0125))
+
+    def stats(self) -> dict[str, float]:
+        return {**self.counters, "requests_processing": self.processing, "requests_deferred": 3}
