@@ -8,6 +8,19 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+import importlib.util
+from pathlib import Path
+
+
+def config_examples_dir() -> Path:
+    """The example config files: installed as the compat.config_examples data package, else config/ here."""
+    try:
+        spec = importlib.util.find_spec("compat.config_examples")
+    except ModuleNotFoundError:
+        spec = None
+    if spec is not None and spec.submodule_search_locations:
+        return Path(list(spec.submodule_search_locations)[0])
+    return Path(__file__).resolve().parent.parent / "config"
 
 
 class PresetError(ValueError):

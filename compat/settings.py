@@ -18,7 +18,7 @@ from typing import Any, Literal, get_args
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from compat.presets import PresetError, parse_ini
+from compat.presets import PresetError, config_examples_dir, parse_ini
 from engine.types import DEFAULT_MODEL_NAME, EngineOptions, Pooling
 
 logger = logging.getLogger(__name__)
@@ -584,6 +584,7 @@ def format_help() -> str:
         "A llama-server compatible embeddings and reranking server on MLX. Options are read, low to high, from",
         "/etc/llama.cpp/config.ini, ${XDG_CONFIG_HOME:-$HOME/.config}/llama.cpp/config.ini, --config FILE,",
         "the environment and the command line.",
+        f"Example config files: {config_examples_dir()}",
         "",
         f"  {'-h, --help, --usage':<48} print this help and exit",
     ]

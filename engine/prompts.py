@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from importlib import resources
+import importlib.util
 from pathlib import Path
 
 from jinja2 import TemplateError
@@ -23,11 +23,11 @@ _QUERY_MARK, _DOCUMENT_MARK = "\ue000query\ue000", "\ue000document\ue000"
 def templates_dir() -> Path:
     """Our templates: the installed data package, or templates/ beside engine/ in a source checkout."""
     try:
-        installed = resources.files("engine.templates")
-        if installed.is_dir():
-            return Path(str(installed))
+        spec = importlib.util.find_spec("engine.templates")
     except ModuleNotFoundError:
-        pass
+        spec = None
+    if spec is not None and spec.submodule_search_locations:
+        return Path(list(spec.submodule_search_locations)[0])
     return Path(__file__).resolve().parent.parent / "templates"
 
 

@@ -1,0 +1,42 @@
+"""`pip install .` (not editable) gives a server that finds its templates and example configs."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from compat.settings import parse_settings
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "-q", "-w", str(out)],
+                   check=True, capture_output=True)
+    wheel = next(out.glob("mlx_embed_server-*.whl"))
+    target = tmp_path_factory.mktemp("site")
+    with zipfile.ZipFile(wheel) as zf:
+        zf.extractall(target)  # a wheel is installed by unpacking it into site-packages
+    return target
+
+
+def test_installed_package_finds_its_data(installed, tmp_path):
+    probe = ("from engine.prompts import templates_dir; from compat.presets import config_examples_dir; "
+             "import engine, compat; print(engine.__file__); print(templates_dir()); print(config_examples_dir())")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env={"PYTHONPATH": str(installed)},
+                         capture_output=True, text=True, check=True).stdout.split()
+    package, templates, configs = (Path(line) for line in out)
+    assert package.is_relative_to(installed)
+    assert (templates / "qwen3_reranker.jinja").read_bytes() == (ROOT / "templates" / "qwen3_reranker.jinja").read_bytes()
+    assert sorted(p.name for p in configs.glob("*.ini")) == sorted(p.name for p in (ROOT / "config").glob("*.ini"))
+
+
+@pytest.mark.parametrize("example", sorted((ROOT / "config").glob("*.ini")), ids=lambda p: p.name)
+def test_example_configs_parse(example):
+    settings = parse_settings(["--config", str(example)], {})
+    assert settings.embedding
