@@ -16,10 +16,12 @@ from compat.middleware import (ApiKeyMiddleware, ApiPrefixMiddleware, CorsMiddle
 from compat.resources.embeddings import EmbeddingsResource
 from compat.resources.info import (HealthResource, MetricsResource, ModelsResource, PropsResource,
                                    SlotsResource)
+from compat.resources.rerank import RerankResource
 from compat.resources.tokenize import DetokenizeResource, TokenizeResource
 from compat.resources.unsupported import RERANK_DISABLED, UnsupportedRouteResource, not_served_message
 from engine import Engine
 from engine.errors import EngineError
+from engine.types import Pooling
 
 if TYPE_CHECKING:
     from compat.settings import Settings
@@ -58,7 +60,14 @@ def create_app(settings: Settings, engine: Engine) -> falcon.App:
     app.add_error_handler(ApiError, handle_api_error)
 
     health = HealthResource()
-    models = ModelsResource(engine, settings, capabilities=["embedding"])
+    # the engine refuses to load an embedder in rank mode and a reranker outside it, so this names the model
+    models = ModelsResource(engine, settings,
+                            capabilities=["rerank"] if settings.pooling is Pooling.RANK else ["embedding"])
+    # llama serves rerank only with --embedding AND a CLI pooling of rank (§4.1); --reranking sets both
+    rank_mode = settings.embedding and settings.pooling is Pooling.RANK
+    rerank_disabled = UnsupportedRouteResource(RERANK_DISABLED)
+    rerank = RerankResource(engine, settings, cohere_v2=False) if rank_mode else rerank_disabled
+    rerank_v2 = RerankResource(engine, settings, cohere_v2=True) if rank_mode else rerank_disabled
     embeddings = EmbeddingsResource(engine, settings, oai=False)
     routes = {
         "/health": health,
@@ -73,9 +82,8 @@ def create_app(settings: Settings, engine: Engine) -> falcon.App:
         "/v1/embeddings": EmbeddingsResource(engine, settings, oai=True),
         "/tokenize": TokenizeResource(engine),
         "/detokenize": DetokenizeResource(engine),
-        # rank mode is not served yet: llama's answer when --reranking is off
-        **{path: UnsupportedRouteResource(RERANK_DISABLED)
-           for path in ("/rerank", "/reranking", "/v1/rerank", "/v1/reranking", "/v2/rerank")},
+        **{path: rerank for path in ("/rerank", "/reranking", "/v1/rerank", "/v1/reranking")},
+        "/v2/rerank": rerank_v2,  # Cohere v2 clients
         # generation routes exist in llama-server; here they say why they are missing instead of 404
         **{path: UnsupportedRouteResource(not_served_message(path))
            for path in ("/completion", "/completions", "/v1/completions", "/chat/completions",

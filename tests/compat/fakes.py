@@ -6,8 +6,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from engine.errors import EmptyInput, InputTooLong, InvalidTokens
-from engine.types import EmbedResult, ModelInfo, Pooling, Timings, VocabType
+from engine.errors import EmptyInput, InputTooLong, InvalidInput, InvalidTokens
+from engine.types import EmbedResult, ModelInfo, Pooling, RerankResult, Timings, VocabType
 
 CLS, SEP = 101, 102
 N_VOCAB = 1000
@@ -27,22 +27,37 @@ def token_rows(ids: Sequence[int]) -> np.ndarray:
     return np.array([[t, t % 7 - 3, 1.5, -2.0] for t in ids], dtype=np.float32)
 
 
+def pair_score(query: str, document: str) -> float:
+    """Words the document shares with the query, less a little per document word: unbounded, like a logit."""
+    words = document.split()
+    return len(set(query.split()) & set(words)) - len(words) / 100
+
+
+def pair_tokens(query: str, document: str) -> int:
+    return 3 + len(query.split()) + len(document.split())  # [CLS] query [SEP] document [SEP]
+
+
 class FakeEngine:
     """Tokenizes by splitting on spaces, wraps [CLS]/[SEP] around a leading text part when add_special."""
 
     def __init__(self, pooling: Pooling = Pooling.MEAN, loaded: bool = True, max_input_tokens: int = 16,
-                 limit_kind: str = "ubatch"):
+                 limit_kind: str = "ubatch", kind: str = "embedder"):
+        """kind: "embedder" | "cross-encoder" | "generative-reranker" (a reranker has rank pooling)."""
         self.is_loaded = loaded
         self.info = ModelInfo(
             path="/models/fake-minilm", model_type="bert", architecture="BertModel", vocab_type=VocabType.WPM,
             n_vocab=N_VOCAB, n_embd=N_EMBD, n_ctx_train=512, n_params=22713216, size_bytes=90868376,
-            ftype="F32", pooling=pooling, max_input_tokens=max_input_tokens, truncate_tokens=512, slot_ctx=256,
-            n_slots=2, bos_token="[CLS]", eos_token="[SEP]")
+            ftype="F32", pooling=Pooling.RANK if kind != "embedder" else pooling,
+            max_input_tokens=max_input_tokens, truncate_tokens=512, slot_ctx=256, n_slots=2, bos_token="[CLS]",
+            eos_token="[SEP]", kind=kind)
         self.limit_kind = limit_kind
         self.embed_calls: list[dict] = []
         self.encode_calls: list[dict] = []
+        self.rerank_calls: list[dict] = []
         self.raise_on_embed: Exception | None = None
+        self.raise_on_rerank: Exception | None = None
         self.fixed_vector: np.ndarray | None = None  # when set, every pooled input gets this vector
+        self.fixed_scores: list[float] | None = None  # when set, the scores of every rerank, in document order
         self.processing = 0
         self.counters = {"prompt_tokens_total": 0, "prompt_seconds_total": 0.0, "n_decode_total": 0,
                          "n_tokens_max": 0}
@@ -70,6 +85,8 @@ class FakeEngine:
     def embed(self, token_lists: list[list[int]], *, truncate: bool | None = None,
               timeout_s: float = 3600) -> EmbedResult:
         self.embed_calls.append({"token_lists": token_lists, "truncate": truncate, "timeout_s": timeout_s})
+        if self.info.is_reranker:  # the engine's own words
+            raise InvalidInput("this server runs a reranker (rank pooling): it serves /rerank, not embeddings")
         if self.raise_on_embed is not None:
             raise self.raise_on_embed
         for ids in token_lists:
@@ -87,6 +104,27 @@ class FakeEngine:
         self.counters["n_decode_total"] += 1
         return EmbedResult(vectors=vectors, n_tokens=[len(ids) for ids in kept],
                            timings=Timings(tokenize_s=0.0, queue_s=0.002, inference_s=0.0125))
+
+    def rerank(self, query: str, documents: Sequence[str], *, truncate: bool | None = None,
+               instruction: str | None = None, timeout_s: float = 3600) -> RerankResult:
+        """Raises what Engine.rerank raises, in its order; truncate None means the fake's --no-truncate."""
+        self.rerank_calls.append({"query": query, "documents": list(documents), "truncate": truncate,
+                                  "instruction": instruction, "timeout_s": timeout_s})
+        if not self.info.is_reranker:
+            raise InvalidInput("this server runs an embedding model: start a reranker with --reranking")
+        if instruction is not None and self.info.kind != "generative-reranker":
+            raise InvalidInput("'instruction' is only used by generative rerankers; this one is a cross-encoder")
+        if self.raise_on_rerank is not None:
+            raise self.raise_on_rerank
+        limit = self.info.max_input_tokens
+        n_tokens = [pair_tokens(query, document) for document in documents]
+        for n in n_tokens:
+            if n > limit and not truncate:
+                raise InputTooLong(n, limit, self.limit_kind)
+        scores = (list(self.fixed_scores) if self.fixed_scores is not None
+                  else [pair_score(query, document) for document in documents])
+        return RerankResult(scores=scores, n_tokens=[min(n, limit) for n in n_tokens],
+                            timings=Timings(tokenize_s=0.001, queue_s=0.002, inference_s=0.0125))
 
     def stats(self) -> dict[str, float]:
         return {**self.counters, "requests_processing": self.processing, "requests_deferred": 3}
