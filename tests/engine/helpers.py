@@ -1,0 +1,101 @@
+"""Helpers for the engine tests: start an Engine, the torch reference stack, tiny random BERT checkpoints."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from engine import Engine, EngineOptions
+from tests.conftest import minilm_dir
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# MiniLM's tokenizer files, reused by the random checkpoints (vocab 30522).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
+
+
+def start_engine(path: str | os.PathLike, **options) -> Engine:
+    """An Engine on `path`, loaded (raises the load error if any). Two BLAS threads unless told otherwise."""
+    options.setdefault("threads", 2)
+    eng = Engine(EngineOptions(model_path=str(path), **options))
+    try:
+        eng.wait_loaded(120)
+    except BaseException:
+        eng.close()
+        raise
+    return eng
+
+
+def torch():
+    """torch on the CPU with few threads (the engine test set must stay fast on two cores)."""
+    import torch as _torch
+
+    _torch.set_num_threads(2)
+    return _torch
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a = np.asarray(a, dtype=np.float64).ravel()
+    b = np.asarray(b, dtype=np.float64).ravel()
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+def hf_hidden(model, ids: list[int]) -> np.ndarray:
+    """transformers' last_hidden_state [n, D] for one unpadded input (token types all 0)."""
+    t = torch()
+    with t.inference_mode():
+        out = model(input_ids=t.tensor([ids]), attention_mask=t.ones(1, len(ids), dtype=t.long),
+                    token_type_ids=t.zeros(1, len(ids), dtype=t.long))
+    return out.last_hidden_state[0].float().numpy()
+
+
+def load_hf_model(path: str | os.PathLike, cls_name: str = "AutoModel"):
+    import transformers
+
+    t = torch()
+    model = getattr(transformers, cls_name).from_pretrained(str(path), dtype=t.float32)
+    model.eval()
+    return model
+
+
+def make_random_bert(out: Path, *, hidden_act: str = "gelu", seed: int = 0, initializer_range: float = 0.02,
+                     architecture: str = "BertModel", tokenizer_config: dict | None = None,
+                     extra_files: dict[str, object] | None = None, max_position_embeddings: int = 512) -> Path:
+    """A tiny random BERT saved with save_pretrained (safetensors), with MiniLM's tokenizer files copied in.
+
+    extra_files: relative path -> JSON-able object (or str) written next to the weights.
+    """
+    t = torch()
+    from transformers import BertConfig, BertForSequenceClassification, BertModel
+
+    out.mkdir(parents=True, exist_ok=True)
+    src = minilm_dir()
+    for name in TOKENIZER_FILES:
+        shutil.copy(src / name, out / name)
+    vocab = json.loads((src / "tokenizer.json").read_text(encoding="utf-8"))["model"]["vocab"]
+    t.manual_seed(seed)
+    config = BertConfig(vocab_size=len(vocab), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=128, max_position_embeddings=max_position_embeddings, type_vocab_size=2,
+                        hidden_act=hidden_act, initializer_range=initializer_range)
+    if architecture == "BertForSequenceClassification":
+        config.num_labels = 1
+        model = BertForSequenceClassification(config)
+    else:
+        model = BertModel(config)
+    model.eval()
+    model.save_pretrained(str(out))
+    if tokenizer_config is not None:
+        merged = json.loads((out / "tokenizer_config.json").read_text(encoding="utf-8"))
+        merged.update(tokenizer_config)
+        (out / "tokenizer_config.json").write_text(json.dumps(merged), encoding="utf-8")
+    for rel, content in (extra_files or {}).items():
+        target = out / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(content if isinstance(content, str) else json.dumps(content), encoding="utf-8")
+    assert (out / "model.safetensors").is_file()
+    return out

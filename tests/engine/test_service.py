@@ -1,0 +1,395 @@
+"""engine/service.py: the Engine facade on the real MiniLM: batch invariance, limits, truncation, errors."""
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from engine import Engine, EngineOptions
+from engine.errors import (CheckpointNotFound, EmptyInput, ForwardFailed, InputTooLong, InvalidTokens, NotLoaded,
+                           QueueFull, ReplyTimeout, UnsupportedCheckpoint)
+from tests.engine.helpers import start_engine
+
+SEP = 102
+
+
+@pytest.fixture(scope="module")
+def minilm(minilm_path):
+    eng = start_engine(minilm_path)
+    yield eng
+    eng.close()
+
+
+@pytest.fixture
+def gated_runner(minilm, monkeypatch):
+    """Hold the engine thread inside its next forward pass until the test releases it."""
+    real = minilm._worker._runner
+    entered, release = threading.Event(), threading.Event()
+
+    def runner(*args):
+        entered.set()
+        assert release.wait(60), "the test never released the engine thread"
+        return real(*args)
+
+    monkeypatch.setattr(minilm._worker, "_runner", runner)
+    try:
+        yield entered, release
+    finally:
+        release.set()
+
+
+def _ids(eng: Engine, text: str) -> list[int]:
+    return eng.encode_prompt([text])
+
+
+def _long_ids(eng: Engine, n: int) -> list[int]:
+    """Exactly n tokens: [CLS] + n-2 word tokens + [SEP]."""
+    ids = _ids(eng, "word " * (n - 2))
+    assert len(ids) == n
+    return ids
+
+
+def _wait_until(predicate, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.005)
+
+
+# -- loading --------------------------------------------------------------------------------------------------
+def test_info_of_minilm(minilm, minilm_path):
+    info = minilm.info
+    assert info.path == str(minilm_path)
+    assert (info.model_type, info.architecture, info.n_vocab, info.n_embd, info.n_ctx_train) == \
+        ("bert", "BertModel", 30522, 384, 512)
+    assert info.max_input_tokens == 512  # min(positions 512, ubatch 512)
+    assert info.truncate_tokens == 256  # sentence_bert_config.json max_seq_length
+    assert (info.slot_ctx, info.n_slots) == (512, 4)  # -c 0 -np -1: 4 slots sharing the model's context
+    assert (info.bos_token, info.eos_token) == ("[CLS]", "[SEP]")
+    assert minilm.is_loaded
+
+
+def test_missing_folder_surfaces_from_wait_loaded(tmp_path):
+    eng = Engine(EngineOptions(model_path=str(tmp_path / "nowhere")))
+    try:
+        with pytest.raises(CheckpointNotFound, match="nowhere"):
+            eng.wait_loaded(30)
+        assert not eng.is_loaded
+        with pytest.raises(NotLoaded):
+            eng.info  # noqa: B018
+        with pytest.raises(NotLoaded):
+            eng.embed([[101, 102]])
+    finally:
+        eng.close()
+
+
+def test_unsupported_model_type_surfaces_from_wait_loaded(tmp_path, minilm_path):
+    shutil.copy(minilm_path / "tokenizer.json", tmp_path / "tokenizer.json")
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "architectures": ["GPT2Model"]}))
+    eng = Engine(EngineOptions(model_path=str(tmp_path)))
+    try:
+        with pytest.raises(UnsupportedCheckpoint, match="gpt2"):
+            eng.wait_loaded(30)
+    finally:
+        eng.close()
+
+
+def test_broken_weights_surface_from_wait_loaded(tmp_path, minilm_path):
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(minilm_path / name, tmp_path / name)
+    (tmp_path / "model.safetensors").write_bytes(b"not a safetensors file")
+    eng = Engine(EngineOptions(model_path=str(tmp_path)))
+    try:
+        with pytest.raises(Exception) as caught:
+            eng.wait_loaded(30)
+        assert not isinstance(caught.value, NotLoaded)
+        assert not eng.is_loaded
+    finally:
+        eng.close()
+
+
+# -- batch invariance -------------------------------------------------------------------------------------------
+TARGET = "The same sentence must embed identically wherever it sits."
+COMPANY = ["ok", "word " * 200, "A medium length sentence about nothing in particular, really.", "🙂",
+           "短い文", "x " * 120]
+
+
+def test_alone_and_in_a_mixed_batch_agree(minilm):
+    target = _ids(minilm, TARGET)
+    alone = minilm.embed([target]).vectors[0]
+    company = [_ids(minilm, t) for t in COMPANY]
+    mixed = minilm.embed(company[:3] + [target] + company[3:]).vectors
+    np.testing.assert_allclose(mixed[3], alone, rtol=0, atol=1e-5)
+    # every companion equals its own lone embedding too
+    for ids, vec in zip(company[:3] + [target] + company[3:], mixed):
+        np.testing.assert_allclose(vec, minilm.embed([ids]).vectors[0], rtol=0, atol=1e-5)
+
+
+def test_split_into_small_batches_agrees(minilm_path, minilm):
+    small = start_engine(minilm_path, max_batch_rows=2, max_batch_tokens=256)
+    try:
+        token_lists = [_ids(minilm, t) for t in [TARGET, *COMPANY]]
+        expected = minilm.embed(token_lists).vectors
+        got = small.embed(token_lists).vectors
+        assert small.stats()["n_decode_total"] >= 4  # really split (plus nothing else ran on it)
+        for a, b in zip(got, expected):
+            np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
+    finally:
+        small.close()
+
+
+def test_concurrent_requests_agree_with_lone_embeddings(minilm, gated_runner):
+    """Several threads' inputs, queued together while the engine is busy, share forward passes."""
+    entered, release = gated_runner
+    target = _ids(minilm, TARGET)
+    company = [_ids(minilm, t) for t in COMPANY if len(t) < 200]
+    n_threads = 6
+    barrier = threading.Barrier(n_threads)
+
+    def request(k: int):
+        mine = [company[k % len(company)], target, company[(k + 2) % len(company)]]
+        barrier.wait(10)
+        return mine, minilm.embed(mine).vectors
+
+    with ThreadPoolExecutor(n_threads + 1) as pool:
+        blocker = pool.submit(minilm.embed, [[101, 102]])
+        assert entered.wait(30)
+        before = minilm.stats()["n_decode_total"]
+        answers = [pool.submit(request, k) for k in range(n_threads)]
+        _wait_until(lambda: minilm.stats()["requests_deferred"] == 3 * n_threads)
+        release.set()
+        blocker.result(30)
+        answers = [a.result(60) for a in answers]
+    passes = minilm.stats()["n_decode_total"] - before
+    assert passes < 3 * n_threads  # inputs of different requests really shared forward passes
+
+    lone = {tuple(ids): minilm.embed([ids]).vectors[0] for ids in [target, *company]}
+    for mine, vectors in answers:
+        assert len(vectors) == 3
+        for ids, vec in zip(mine, vectors):
+            np.testing.assert_allclose(vec, lone[tuple(ids)], rtol=0, atol=1e-5)
+
+
+# -- input checks ---------------------------------------------------------------------------------------------
+def test_empty_input(minilm):
+    with pytest.raises(EmptyInput):
+        minilm.embed([[]])
+    with pytest.raises(EmptyInput):
+        minilm.embed([[101, 102], []])
+    assert minilm.stats()["requests_deferred"] == 0  # nothing of the refused request was queued
+
+
+@pytest.mark.parametrize("bad", [[101, 30522, 102], [101, -1, 102], [10**9]])
+def test_invalid_tokens(minilm, bad):
+    with pytest.raises(InvalidTokens):
+        minilm.embed([bad])
+
+
+def test_highest_valid_token_is_accepted(minilm):
+    assert minilm.embed([[101, 30521, 102]]).vectors[0].shape == (384,)
+
+
+@pytest.fixture(scope="module")
+def small_ubatch(minilm_path):
+    eng = start_engine(minilm_path, ubatch_tokens=32)
+    yield eng
+    eng.close()
+
+
+def test_ubatch_limit(small_ubatch):
+    assert small_ubatch.info.max_input_tokens == 32
+    assert small_ubatch.embed([_long_ids(small_ubatch, 32)]).n_tokens == [32]
+    with pytest.raises(InputTooLong) as caught:
+        small_ubatch.embed([_long_ids(small_ubatch, 33)])
+    assert (caught.value.limit_kind, caught.value.limit, caught.value.n_tokens) == ("ubatch", 32, 33)
+
+
+def test_truncation_under_a_small_ubatch_cuts_to_it(small_ubatch):
+    assert small_ubatch.info.truncate_tokens == 32  # min(max_seq_length 256, what the server accepts)
+    ids = _long_ids(small_ubatch, 40)
+    result = small_ubatch.embed([ids], truncate=True)
+    assert result.n_tokens == [32]
+    cut = ids[:31] + [SEP]
+    np.testing.assert_allclose(result.vectors[0], small_ubatch.embed([cut]).vectors[0], rtol=0, atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def split_context(minilm_path):
+    eng = start_engine(minilm_path, ctx_size=512, parallel=2)
+    yield eng
+    eng.close()
+
+
+def test_context_limit_per_slot(split_context):
+    info = split_context.info
+    assert (info.slot_ctx, info.n_slots) == (256, 2)  # -c 512 -np 2 -> 256 per slot
+    assert info.max_input_tokens == 256
+    assert split_context.embed([_long_ids(split_context, 256)]).n_tokens == [256]
+    with pytest.raises(InputTooLong) as caught:
+        split_context.embed([_long_ids(split_context, 257)])
+    assert (caught.value.limit_kind, caught.value.limit, caught.value.n_tokens) == ("context", 256, 257)
+
+
+def test_ubatch_is_named_before_context(minilm_path):
+    eng = start_engine(minilm_path, ctx_size=512, parallel=2, ubatch_tokens=128)
+    try:
+        with pytest.raises(InputTooLong) as caught:
+            eng.embed([_long_ids(eng, 300)])
+        assert (caught.value.limit_kind, caught.value.limit) == ("ubatch", 128)
+    finally:
+        eng.close()
+
+
+def test_unified_context_with_auto_parallel(minilm_path):
+    eng = start_engine(minilm_path, ctx_size=512, parallel=-1)
+    try:
+        assert (eng.info.slot_ctx, eng.info.n_slots) == (512, 4)
+        assert eng.info.max_input_tokens == 512
+    finally:
+        eng.close()
+
+
+def test_position_limit(minilm_path):
+    eng = start_engine(minilm_path, ubatch_tokens=1024)
+    try:
+        assert eng.info.max_input_tokens == 512
+        with pytest.raises(InputTooLong) as caught:
+            eng.embed([_long_ids(eng, 513)])
+        assert (caught.value.limit_kind, caught.value.limit) == ("positions", 512)
+    finally:
+        eng.close()
+
+
+def test_too_long_without_truncation(minilm):
+    with pytest.raises(InputTooLong) as caught:
+        minilm.embed([_long_ids(minilm, 600)])
+    assert caught.value.limit_kind == "ubatch"
+
+
+def test_truncation_keeps_trailing_sep(minilm):
+    ids = _long_ids(minilm, 600)
+    result = minilm.embed([ids], truncate=True)
+    assert result.n_tokens == [256]  # MiniLM's max_seq_length
+    cut = ids[:255] + [SEP]
+    direct = minilm.embed([cut])
+    assert direct.n_tokens == [256]
+    np.testing.assert_allclose(result.vectors[0], direct.vectors[0], rtol=0, atol=1e-6)
+    # and the cut really changed the input: the full text's first 256 tokens without [SEP] differ
+    assert not np.allclose(result.vectors[0], minilm.embed([ids[:256]]).vectors[0], atol=1e-4)
+
+
+def test_truncation_from_engine_options(minilm_path, minilm):
+    eng = start_engine(minilm_path, truncate=True)
+    try:
+        ids = _long_ids(eng, 700)
+        assert eng.embed([ids]).n_tokens == [256]
+        with pytest.raises(InputTooLong):
+            eng.embed([ids], truncate=False)  # the per-call flag wins
+    finally:
+        eng.close()
+
+
+def test_inputs_within_the_limit_are_not_truncated(minilm):
+    # truncation only applies to inputs the server would otherwise refuse (over max_input_tokens)
+    ids = _long_ids(minilm, 300)
+    assert minilm.embed([ids], truncate=True).n_tokens == [300]
+
+
+# -- queue, timeouts, failures ---------------------------------------------------------------------------------
+def test_queue_full(minilm_path):
+    eng = start_engine(minilm_path, max_queue_items=2)
+    try:
+        ids = [101, 7592, 102]
+        with pytest.raises(QueueFull):
+            eng.embed([ids, ids, ids])
+        assert eng.stats()["requests_deferred"] == 0  # all or nothing
+        assert len(eng.embed([ids, ids]).vectors) == 2
+    finally:
+        eng.close()
+
+
+def test_queue_full_counts_inputs_already_waiting(minilm_path):
+    eng = start_engine(minilm_path, max_queue_items=2)
+    real = eng._worker._runner
+    entered, release = threading.Event(), threading.Event()
+
+    def runner(*args):
+        entered.set()
+        release.wait(60)
+        return real(*args)
+
+    eng._worker._runner = runner
+    ids = [101, 7592, 102]
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            busy = pool.submit(eng.embed, [ids])  # taken by the engine thread, held in the runner
+            assert entered.wait(30)
+            waiting = pool.submit(eng.embed, [ids, ids])  # fills the queue
+            _wait_until(lambda: eng.stats()["requests_deferred"] == 2)
+            with pytest.raises(QueueFull):
+                eng.embed([ids])
+            release.set()
+            assert len(busy.result(30).vectors) == 1
+            assert len(waiting.result(30).vectors) == 2
+    finally:
+        release.set()
+        eng.close()
+
+
+def test_reply_timeout_while_the_engine_is_busy(minilm, gated_runner):
+    entered, release = gated_runner
+    ids = _ids(minilm, "hello there")
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(minilm.embed, [ids])
+        assert entered.wait(30)  # the engine thread is now inside a forward pass
+        started = time.monotonic()
+        with pytest.raises(ReplyTimeout):
+            minilm.embed([ids], timeout_s=0.05)
+        assert time.monotonic() - started < 5
+        release.set()
+        assert first.result(30).vectors[0].shape == (384,)
+    # the abandoned input is dropped, the engine keeps serving
+    _wait_until(lambda: minilm.stats()["requests_deferred"] == 0)
+    assert minilm.embed([ids]).vectors[0].shape == (384,)
+    assert minilm.stats()["requests_processing"] == 0
+
+
+def test_forward_failure_then_recovery(minilm, monkeypatch):
+    real = minilm._worker._runner
+    calls = []
+
+    def flaky(*args):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("simulated out-of-memory")
+        return real(*args)
+
+    monkeypatch.setattr(minilm._worker, "_runner", flaky)
+    ids = _ids(minilm, "hello")
+    with pytest.raises(ForwardFailed, match="simulated out-of-memory"):
+        minilm.embed([ids, ids])
+    again = minilm.embed([ids])
+    assert again.vectors[0].shape == (384,)
+    assert len(calls) == 2
+
+
+def test_stats_and_timings(minilm_path):
+    eng = start_engine(minilm_path)
+    try:
+        before = eng.stats()
+        token_lists = [_long_ids(eng, 10), _long_ids(eng, 20)]
+        result = eng.embed(token_lists)
+        after = eng.stats()
+        assert after["prompt_tokens_total"] - before["prompt_tokens_total"] == 30
+        assert after["n_decode_total"] - before["n_decode_total"] == 1  # both inputs shared one pass
+        assert after["n_tokens_max"] >= 30
+        assert after["requests_processing"] == 0 and after["requests_deferred"] == 0
+        assert result.timings.inference_s > 0 and result.timings.queue_s >= 0
+        assert result.n_tokens == [10, 20]
+    finally:
+        eng.close()

@@ -1,0 +1,123 @@
+"""engine/tokenize.py on MiniLM's real tokenizer, against transformers' tokenizer for the same folder."""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+from tokenizers import Tokenizer
+
+from engine import VocabType, checkpoint
+from engine.tokenize import TextTokenizer
+
+CLS, SEP, PAD = 101, 102, 0
+TEXTS = ["hello", "Hello World!", "unaffable antidisestablishmentarianism", "Café naïve 東京 🙂", "",
+         "numbers 3.14 and 1,000,000", "a [SEP] b [CLS] c", "word " * 200]
+
+
+@pytest.fixture(scope="module")
+def tok(minilm_path):
+    return TextTokenizer(checkpoint.read(minilm_path))
+
+
+@pytest.fixture(scope="module")
+def hf_tok(minilm_path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(minilm_path))
+
+
+def _word(tok, text):
+    ids = tok.encode(text, add_special=False)
+    assert len(ids) == 1, ids
+    return ids[0]
+
+
+def test_properties(tok):
+    assert tok.vocab_type is VocabType.WPM
+    assert tok.n_vocab == 30522
+    assert tok.pad_id == PAD
+    assert tok.trailing_specials == [SEP]
+    assert (tok.bos_token, tok.eos_token) == ("[CLS]", "[SEP]")
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_encode_matches_transformers(tok, hf_tok, text):
+    assert tok.encode(text) == hf_tok(text)["input_ids"]
+    assert tok.encode(text, add_special=False) == hf_tok(text, add_special_tokens=False)["input_ids"]
+
+
+def test_baked_in_padding_and_truncation_are_stripped(tok, minilm_path):
+    raw = Tokenizer.from_file(str(minilm_path / "tokenizer.json"))
+    assert len(raw.encode("hello").ids) == 128  # the file itself pads to 128 (and truncates there)
+    assert tok.encode("hello") == [CLS, _word(tok, "hello"), SEP]
+    assert len(tok.encode("word " * 200)) == 202
+
+
+def test_mixed_prompt_rule(tok):
+    a, b = _word(tok, "a"), _word(tok, "b")
+    # only a leading string gets the special tokens; ints go in verbatim
+    assert tok.encode_prompt(["a", 1, "b"]) == [CLS, a, SEP, 1, b]
+    assert tok.encode_prompt([1, "a"]) == [1, a]
+    assert tok.encode_prompt([7, 8, 9]) == [7, 8, 9]
+    assert tok.encode_prompt(["a", "b"]) == [CLS, a, SEP, b]
+    assert tok.encode_prompt(["a", 1, "b"], add_special=False) == [a, 1, b]
+    assert tok.encode_prompt(["a"]) == tok.encode("a")
+
+
+def test_parse_special(tok):
+    parsed = tok.encode_prompt(["a [SEP] b"])
+    assert parsed == [CLS, _word(tok, "a"), SEP, _word(tok, "b"), SEP]
+    literal = tok.encode_prompt(["a [SEP] b"], parse_special=False)
+    assert literal.count(SEP) == 1 and literal[-1] == SEP  # only the template's own [SEP]
+    assert literal[2:5] == tok.encode("[", add_special=False) + tok.encode("sep", add_special=False) + \
+        tok.encode("]", add_special=False)
+    # the parsing instance is not affected by the literal one
+    assert tok.encode("[SEP]", add_special=False) == [SEP]
+
+
+def test_pieces(tok, hf_tok):
+    ids = tok.encode("hello world")
+    assert tok.pieces(ids) == ["[CLS]", " hello", " world", "[SEP]"]
+    ids = tok.encode("unaffable, hello!")
+    expected = [t if t in ("[CLS]", "[SEP]") else (t[2:] if t.startswith("##") else " " + t)
+                for t in hf_tok.convert_ids_to_tokens(ids)]
+    assert tok.pieces(ids) == expected
+    assert tok.pieces(ids)[1:4] == [" una", "ffa", "ble"]  # continuation pieces carry no space
+
+
+def test_decode(tok):
+    assert tok.decode(tok.encode("hello world")) == "[CLS] hello world [SEP]"
+    for text in ["hello world", "the quick brown fox jumps over the lazy dog", "unaffable antidisestablishmentarianism"]:
+        assert tok.decode(tok.encode(text, add_special=False)) == text
+
+
+def test_truncate_keeps_the_trailing_sep(tok):
+    ids = tok.encode("word " * 50)
+    assert len(ids) == 52
+    cut = tok.truncate(ids, 10)
+    assert cut == ids[:9] + [SEP]
+    assert tok.truncate(ids, 52) == ids
+    assert tok.truncate(ids, 100) == ids
+    no_specials = tok.encode("word " * 50, add_special=False)
+    assert tok.truncate(no_specials, 10) == no_specials[:10]  # nothing to keep: a plain cut
+    assert tok.truncate(ids, 1) == ids[:1]  # no room for the tail
+
+
+def test_encode_pair_matches_transformers(tok, hf_tok):
+    ids, types = tok.encode_pair("what is a cat?", "a cat is a small animal")
+    enc = hf_tok("what is a cat?", "a cat is a small animal")
+    assert ids == enc["input_ids"]
+    assert types == enc["token_type_ids"]
+    ids, types = tok.encode_pair("short query", "long document " * 40, max_length=20)
+    enc = hf_tok("short query", "long document " * 40, truncation="longest_first", max_length=20)
+    assert (ids, types) == (enc["input_ids"], enc["token_type_ids"])
+
+
+def test_checkpoint_without_tokenizer_json_is_converted(tmp_path, minilm_path, tok):
+    for name in ("config.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy(minilm_path / name, tmp_path / name)
+    converted = TextTokenizer(checkpoint.read(tmp_path))
+    assert converted.n_vocab == tok.n_vocab
+    assert converted.trailing_specials == [SEP]
+    for text in TEXTS:
+        assert converted.encode(text) == tok.encode(text), text

@@ -1,0 +1,255 @@
+"""engine/worker.py with a fake runner: batching, scattering results back, failures, deadlines, the queue bound."""
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import CancelledError, ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from engine.errors import ForwardFailed, NotLoaded, QueueFull, ReplyTimeout
+from engine.scheduler import BatchLimits, padded_width
+from engine.worker import Worker
+
+PAD = 7
+FAR = 1e12  # a deadline that never passes
+
+
+class FakeRunner:
+    """Echoes each row's real ids (and type ids) back; records what every forward pass looked like."""
+
+    def __init__(self, fail_on: set[int] | None = None, hold_first: bool = False):
+        self.calls: list[tuple[np.ndarray, np.ndarray, np.ndarray, list[int]]] = []
+        self.fail_on = fail_on or set()
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        if not hold_first:
+            self.release.set()
+
+    def __call__(self, ids, mask, type_ids, lengths):
+        self.calls.append((ids.copy(), mask.copy(), type_ids.copy(), list(lengths)))
+        self.entered.set()
+        assert self.release.wait(60)
+        if len(self.calls) in self.fail_on:
+            raise RuntimeError(f"boom on pass {len(self.calls)}")
+        return [np.concatenate([ids[r, :n], [-1], type_ids[r, :n]]).astype(np.int64) for r, n in enumerate(lengths)]
+
+
+def start(runner, limits=BatchLimits(max_tokens=256, max_rows=4), max_queue=1000) -> Worker:
+    worker = Worker(lambda: (runner, PAD), limits, max_queue, name="test-engine")
+    assert worker.loaded.wait(10)
+    return worker
+
+
+def echo(ids, types=None):
+    types = types if types is not None else [0] * len(ids)
+    return np.array([*ids, -1, *types])
+
+
+def _wait_until(predicate, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.002)
+
+
+def hold(worker, runner):
+    """Put one input into a held forward pass: everything submitted afterwards waits together."""
+    items = worker.submit([[1, 2, 3]], FAR)
+    assert runner.entered.wait(10)
+    return items
+
+
+def test_results_scattered_to_the_right_items_across_concurrent_submitters():
+    runner = FakeRunner(hold_first=True)
+    limits = BatchLimits(max_tokens=96, max_rows=4)
+    worker = start(runner, limits)
+    n_threads, per_request = 8, 5
+    rng = np.random.default_rng(3)
+    requests = [[list(rng.integers(100, 30000, size=rng.integers(1, 40))) for _ in range(per_request)]
+                for _ in range(n_threads)]
+    barrier = threading.Barrier(n_threads)
+    try:
+        blocker = hold(worker, runner)
+
+        def submit(k):
+            barrier.wait(10)
+            return worker.submit(requests[k], FAR)
+
+        with ThreadPoolExecutor(n_threads) as pool:
+            submitted = list(pool.map(submit, range(n_threads)))
+        assert worker.queued() == n_threads * per_request
+        runner.release.set()
+        assert blocker[0].future.result(10).value.tolist() == echo([1, 2, 3]).tolist()
+        for token_lists, items in zip(requests, submitted):
+            assert [item.ids for item in items] == token_lists  # input order kept
+            for ids, item in zip(token_lists, items):
+                np.testing.assert_array_equal(item.future.result(10).value, echo(ids))
+    finally:
+        worker.close()
+
+    # every forward pass respected the limits and was padded correctly
+    assert len(runner.calls) >= 1 + -(-n_threads * per_request // limits.max_rows)
+    n_rows = 0
+    for ids, mask, type_ids, lengths in runner.calls:
+        rows, width = ids.shape
+        n_rows += rows
+        assert rows <= limits.max_rows
+        assert width == padded_width(max(lengths))
+        if rows > 1:
+            assert rows * width <= limits.max_tokens
+        for r, n in enumerate(lengths):
+            assert mask[r, :n].tolist() == [1] * n and not mask[r, n:].any()
+            assert (ids[r, n:] == PAD).all()
+            assert not type_ids[r].any()
+    assert n_rows == 1 + n_threads * per_request
+
+
+def test_type_ids_travel_with_their_rows():
+    runner = FakeRunner()
+    worker = start(runner)
+    try:
+        items = worker.submit([[5, 6, 7], [8, 9]], FAR, type_lists=[[0, 0, 1], [0, 1]])
+        assert items[0].future.result(10).value.tolist() == echo([5, 6, 7], [0, 0, 1]).tolist()
+        assert items[1].future.result(10).value.tolist() == echo([8, 9], [0, 1]).tolist()
+    finally:
+        worker.close()
+
+
+def test_item_results_carry_timings_and_pass_number():
+    runner = FakeRunner(hold_first=True)
+    worker = start(runner, BatchLimits(max_tokens=1024, max_rows=64))
+    try:
+        first = hold(worker, runner)
+        items = worker.submit([[1] * 5, [2] * 6, [3] * 4], FAR)
+        runner.release.set()
+        results = [item.future.result(10) for item in items]
+        assert len({r.batch for r in results}) == 1  # queued together, one pass
+        assert results[0].batch != first[0].future.result(10).batch
+        assert all(r.queue_s >= 0 and r.inference_s >= 0 for r in results)
+        assert worker.stats.n_decode_total == 2
+        assert worker.stats.prompt_tokens_total == 3 + 15
+        assert worker.stats.n_tokens_max == 15
+    finally:
+        worker.close()
+
+
+def test_forward_failure_fails_only_that_batch():
+    runner = FakeRunner(fail_on={1})
+    worker = start(runner)
+    try:
+        bad = worker.submit([[1, 2], [3]], FAR)
+        for item in bad:
+            with pytest.raises(ForwardFailed, match="boom on pass 1"):
+                item.future.result(10)
+        good = worker.submit([[4, 5]], FAR)
+        assert good[0].future.result(10).value.tolist() == echo([4, 5]).tolist()
+        assert worker.stats.n_decode_total == 1  # the failed pass is not counted
+    finally:
+        worker.close()
+
+
+def test_expired_inputs_get_reply_timeout_and_never_run():
+    runner = FakeRunner(hold_first=True)
+    worker = start(runner)
+    try:
+        hold(worker, runner)
+        late = worker.submit([[42, 43]], time.monotonic() + 0.01)
+        alive = worker.submit([[44]], FAR)
+        time.sleep(0.05)
+        runner.release.set()
+        with pytest.raises(ReplyTimeout):
+            late[0].future.result(10)
+        assert alive[0].future.result(10).value.tolist() == echo([44]).tolist()
+        seen = [row[:n].tolist() for ids, _, _, lengths in runner.calls for row, n in zip(ids, lengths)]
+        assert [42, 43] not in seen
+    finally:
+        worker.close()
+
+
+def test_cancelled_inputs_are_skipped():
+    runner = FakeRunner(hold_first=True)
+    worker = start(runner)
+    try:
+        hold(worker, runner)
+        gone = worker.submit([[50, 51]], FAR)
+        kept = worker.submit([[52]], FAR)
+        assert gone[0].future.cancel()
+        runner.release.set()
+        assert kept[0].future.result(10).value.tolist() == echo([52]).tolist()
+        _wait_until(lambda: worker.queued() == 0)
+        seen = [row[:n].tolist() for ids, _, _, lengths in runner.calls for row, n in zip(ids, lengths)]
+        assert [50, 51] not in seen
+    finally:
+        worker.close()
+
+
+def test_queue_bound_is_all_or_nothing():
+    runner = FakeRunner(hold_first=True)
+    worker = start(runner, max_queue=3)
+    try:
+        hold(worker, runner)  # running, no longer waiting
+        two = worker.submit([[1], [2]], FAR)
+        with pytest.raises(QueueFull):
+            worker.submit([[3], [4]], FAR)
+        assert worker.queued() == 2
+        one = worker.submit([[5]], FAR)
+        with pytest.raises(QueueFull):
+            worker.submit([[6]], FAR)
+        runner.release.set()
+        for item in two + one:
+            item.future.result(10)
+        assert worker.submit([[7], [8], [9]], FAR)[2].future.result(10).value.tolist() == echo([9]).tolist()
+    finally:
+        worker.close()
+
+
+def test_submit_before_the_load_finishes():
+    gate = threading.Event()
+    runner = FakeRunner()
+
+    def load():
+        assert gate.wait(10)
+        return runner, PAD
+
+    worker = Worker(load, BatchLimits(256, 4), 100)
+    try:
+        assert not worker.loaded.is_set()
+        with pytest.raises(NotLoaded):
+            worker.submit([[1]], FAR)
+        gate.set()
+        assert worker.loaded.wait(10)
+        assert worker.load_error is None
+        assert worker.submit([[1]], FAR)[0].future.result(10).value.tolist() == echo([1]).tolist()
+    finally:
+        gate.set()
+        worker.close()
+
+
+def test_load_failure_is_reported():
+    def load():
+        raise FileNotFoundError("no weights here")
+
+    worker = Worker(load, BatchLimits(256, 4), 100)
+    assert worker.loaded.wait(10)
+    assert isinstance(worker.load_error, FileNotFoundError)
+    with pytest.raises(NotLoaded):
+        worker.submit([[1]], FAR)
+    worker._thread.join(10)
+    assert not worker._thread.is_alive()
+
+
+def test_close_cancels_waiting_inputs_and_stops_the_thread():
+    runner = FakeRunner(hold_first=True)
+    worker = start(runner)
+    running = hold(worker, runner)
+    waiting = worker.submit([[1], [2]], FAR)
+    worker.close()
+    for item in waiting:
+        with pytest.raises(CancelledError):
+            item.future.result(10)
+    runner.release.set()
+    assert running[0].future.result(10).value.tolist() == echo([1, 2, 3]).tolist()  # the pass in flight ends
+    worker._thread.join(10)
+    assert not worker._thread.is_alive()
