@@ -80,6 +80,9 @@ def _input_too_long(exc: InputTooLong) -> ApiError:
     if exc.limit_kind == "positions":
         return bad_request(f"input ({n} tokens) is too large to process. "
                            f"the model accepts at most {exc.limit} tokens")
+    if exc.limit_kind == "max_seq":
+        return bad_request(f"input ({n} tokens) is too large to process. "
+                           f"the server accepts at most {exc.limit} tokens per input (--max-seq)")
     # llama answers 500 here; the wording stays (clients grep "too large"), the status is 400 (§13)
     return bad_request(f"input ({n} tokens) is too large to process. "
                        f"increase the physical batch size (current batch size: {exc.limit})")

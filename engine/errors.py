@@ -29,8 +29,8 @@ class InvalidTokens(InvalidInput):
 class InputTooLong(InvalidInput):
     """An input exceeds the per-input limit and truncation is off.
 
-    limit_kind is 'ubatch' (llama's physical batch), 'positions' (the model's position table) or
-    'context' (the per-slot context from -c).
+    limit_kind is 'ubatch' (llama's physical batch), 'positions' (the model's position table),
+    'context' (the per-slot context from -c) or 'max_seq' (--max-seq, or what fits in memory).
     """
 
     def __init__(self, n_tokens: int, limit: int, limit_kind: str):

@@ -27,7 +27,8 @@ def input_limit(n_positions: int, ubatch_tokens: int, slot_ctx: int | None) -> i
     return min(limit, slot_ctx) if slot_ctx else limit
 
 
-def check(n_tokens: int, n_positions: int, ubatch_tokens: int, slot_ctx: int | None) -> None:
+def check(n_tokens: int, n_positions: int, ubatch_tokens: int, slot_ctx: int | None,
+          max_seq: int | None = None) -> None:
     """Raise InputTooLong naming the binding limit, in llama-server's order (physical batch first)."""
     if n_tokens > ubatch_tokens:
         raise InputTooLong(n_tokens, ubatch_tokens, "ubatch")
@@ -35,6 +36,8 @@ def check(n_tokens: int, n_positions: int, ubatch_tokens: int, slot_ctx: int | N
         raise InputTooLong(n_tokens, slot_ctx, "context")
     if n_tokens > min(n_positions, HARD_CAP):
         raise InputTooLong(n_tokens, min(n_positions, HARD_CAP), "positions")
+    if max_seq and n_tokens > max_seq:
+        raise InputTooLong(n_tokens, max_seq, "max_seq")
 
 
 def truncation_length(checkpoint_max: int | None, n_positions: int, max_input: int) -> int:

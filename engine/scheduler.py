@@ -11,15 +11,34 @@ class Waiting(Protocol):
     seq: int  # arrival order
 
 
-def padded_width(n_tokens: int) -> int:
-    """Rows are padded to a multiple of 8 so a few shapes serve many lengths."""
-    return max(8, (n_tokens + 7) // 8 * 8)
+MIN_WIDTH = 8
+
+
+def padded_width(n_tokens: int, max_seq: int | None = None) -> int:
+    """Rows are padded to the next power of two (at least 8), capped at max_seq: a handful of shapes,
+    all prepared at startup, serve every length."""
+    width = max(MIN_WIDTH, 1 << max(0, n_tokens - 1).bit_length())
+    return min(width, max_seq) if max_seq and n_tokens <= max_seq else width
+
+
+def width_buckets(max_seq: int) -> list[int]:
+    """Every padded width an input of at most max_seq tokens can get."""
+    widths = []
+    width = MIN_WIDTH
+    while width < max_seq:
+        widths.append(width)
+        width *= 2
+    return widths + [max_seq]
 
 
 @dataclass(frozen=True)
 class BatchLimits:
     max_tokens: int  # rows x padded width
     max_rows: int
+    max_seq: int | None = None  # the widest bucket (None before the model is known)
+
+    def width(self, n_tokens: int) -> int:
+        return padded_width(n_tokens, self.max_seq)
 
 
 def next_batch(waiting: Sequence[Waiting], limits: BatchLimits) -> list[int]:
@@ -34,7 +53,7 @@ def next_batch(waiting: Sequence[Waiting], limits: BatchLimits) -> list[int]:
     order = sorted(range(len(waiting)), key=lambda i: (waiting[i].n_tokens, waiting[i].seq))
     anchor = order.index(min(range(len(waiting)), key=lambda i: waiting[i].seq))
     lo = hi = anchor
-    width = padded_width(waiting[order[anchor]].n_tokens)
+    width = limits.width(waiting[order[anchor]].n_tokens)
     target = waiting[order[anchor]].n_tokens
     can_left = can_right = True
     while hi - lo + 1 < limits.max_rows:
@@ -46,7 +65,7 @@ def next_batch(waiting: Sequence[Waiting], limits: BatchLimits) -> list[int]:
         if not candidates:
             break
         _, pick = min(candidates)
-        new_width = max(width, padded_width(waiting[order[pick]].n_tokens))
+        new_width = max(width, limits.width(waiting[order[pick]].n_tokens))
         if (hi - lo + 2) * new_width > limits.max_tokens:
             # A longer neighbour may widen the batch past the budget while a shorter one still fits.
             if pick > hi:

@@ -10,12 +10,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from engine import blas, checkpoint, limits, pooling, registry
+from engine import blas, checkpoint, limits, pooling, registry, shapes
 from engine.errors import (EmptyInput, InvalidInput, InvalidTokens, NotLoaded, ReplyTimeout,
                            UnsupportedCheckpoint)
 from engine.pipeline import CrossEncoderPipeline, EmbeddingPipeline, GenerativeRerankPipeline
 from engine.prompts import RerankPrompt
-from engine.scheduler import BatchLimits
+from engine.scheduler import BatchLimits, width_buckets
 from engine.tokenize import TextTokenizer
 from engine.types import EmbedResult, EngineOptions, ModelInfo, Pooling, RerankResult, Timings
 from engine.worker import ItemResult, Runner, Worker
@@ -38,7 +38,7 @@ class Engine:
                               options.max_queue_items)
 
     # -- loading (runs on the engine thread) -------------------------------------------------------
-    def _load(self) -> tuple[Runner, int]:
+    def _load(self) -> tuple[Runner, int, BatchLimits]:
         started = time.monotonic()
         opts = self.options
         blas.set_threads(opts.threads)
@@ -69,21 +69,24 @@ class Engine:
         n_positions = loaded.n_positions
         slot_ctx, n_slots = limits.slots(opts.ctx_size, opts.parallel, n_positions)
         max_input = limits.input_limit(n_positions, opts.ubatch_tokens, slot_ctx if opts.ctx_size > 0 else None)
-        warm = np.full((1, 8), tokenizer.pad_id, dtype=np.int32)
-        runner(warm, np.ones((1, 8), np.int32), np.zeros((1, 8), np.int32), [8])  # first-call costs here
+        if opts.max_seq > 0:
+            max_input = min(max_input, opts.max_seq)
+        fitted = shapes.prepare(runner, tokenizer.pad_id, max_input, opts.max_batch_tokens, opts.max_batch_rows)
         self._tokenizer = tokenizer
         self._info = ModelInfo(
             path=str(ckpt.path), model_type=ckpt.model_type, architecture=ckpt.architecture,
             vocab_type=tokenizer.vocab_type, n_vocab=tokenizer.n_vocab, n_embd=loaded.hidden_size,
             n_ctx_train=n_positions, n_params=loaded.n_params, size_bytes=loaded.size_bytes, ftype=loaded.ftype,
-            pooling=mode, max_input_tokens=max_input,
-            truncate_tokens=limits.truncation_length(ckpt.max_seq_length, n_positions, max_input),
+            pooling=mode, max_input_tokens=fitted.max_seq,
+            truncate_tokens=limits.truncation_length(ckpt.max_seq_length, n_positions, fitted.max_seq),
             slot_ctx=slot_ctx, n_slots=n_slots, bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token,
-            kind=loaded.kind)
-        log.info("loaded %s (%s, %s, %s) in %.2f s: pooling %s, %d params, per-input limit %d tokens, BLAS: %s",
+            kind=loaded.kind, batch_tokens=fitted.max_tokens, batch_rows=fitted.max_rows,
+            widths=tuple(width_buckets(fitted.max_seq)))
+        log.info("loaded %s (%s, %s, %s) in %.2f s: pooling %s, %d params, per-input limit %d tokens, "
+                 "batches of up to %d rows / %d tokens, BLAS: %s",
                  ckpt.path, ckpt.model_type, ckpt.architecture or "-", loaded.kind, time.monotonic() - started,
-                 mode.value, loaded.n_params, max_input, blas.description)
-        return runner, tokenizer.pad_id
+                 mode.value, loaded.n_params, fitted.max_seq, fitted.max_rows, fitted.max_tokens, blas.description)
+        return runner, tokenizer.pad_id, fitted
 
     @staticmethod
     def _single_token(tokenizer: TextTokenizer, word: str, ckpt: checkpoint.Checkpoint) -> int:
@@ -239,7 +242,7 @@ class Engine:
     def _too_long(self, n_tokens: int, info: ModelInfo) -> None:
         """Raise InputTooLong naming whichever limit binds."""
         limits.check(n_tokens, info.n_ctx_train, self.options.ubatch_tokens,
-                     info.slot_ctx if self.options.ctx_size > 0 else None)
+                     info.slot_ctx if self.options.ctx_size > 0 else None, info.max_input_tokens)
 
     def stats(self) -> dict[str, float]:
         s = self._worker.stats

@@ -40,6 +40,7 @@ class EngineOptions:
     truncate: bool = False  # cut over-long inputs instead of refusing them
     max_batch_tokens: int = 8192  # rows x padded width of one forward pass
     max_batch_rows: int = 64
+    max_seq: int = 0  # most tokens per input; 0 = the per-input limit (both fitted to memory at load)
     max_queue_items: int = 4096  # inputs waiting for the engine thread; more is QueueFull
     threads: int = -1  # BLAS threads; <= 0 leaves the library default
     rerank_sigmoid: bool = False  # cross-encoder scores as sigmoid(logit) instead of the raw logit
@@ -68,6 +69,9 @@ class ModelInfo:
     bos_token: str = ""
     eos_token: str = ""
     kind: str = "embedder"  # "embedder" | "cross-encoder" | "generative-reranker"
+    batch_tokens: int = 0  # fitted at load: rows x padded width of one forward pass
+    batch_rows: int = 0  # fitted at load: the most rows of one forward pass
+    widths: tuple[int, ...] = ()  # the padded widths prepared at load
 
     @property
     def is_reranker(self) -> bool:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine.errors import ForwardFailed, NotLoaded, QueueFull, ReplyTimeout
-from engine.scheduler import BatchLimits, next_batch, padded_width
+from engine.scheduler import BatchLimits, next_batch
 
 log = logging.getLogger(__name__)
 
@@ -52,9 +52,9 @@ class WorkerStats:
 
 
 class Worker:
-    def __init__(self, load: Callable[[], tuple[Runner, int]], limits: BatchLimits, max_queue_items: int,
-                 name: str = "engine"):
-        """`load` runs first on the engine thread and returns (runner, pad token id)."""
+    def __init__(self, load: Callable[[], tuple[Runner, int, BatchLimits]], limits: BatchLimits,
+                 max_queue_items: int, name: str = "engine"):
+        """`load` runs first on the engine thread and returns (runner, pad token id, fitted batch limits)."""
         self._load = load
         self._limits = limits
         self._max_queue = max_queue_items
@@ -90,6 +90,10 @@ class Worker:
             self._cond.notify()
         return items
 
+    @property
+    def limits(self) -> BatchLimits:
+        return self._limits
+
     def queued(self) -> int:
         with self._cond:
             return len(self._waiting)
@@ -105,7 +109,7 @@ class Worker:
     # -- the engine thread -----------------------------------------------------------------------
     def _main(self) -> None:
         try:
-            self._runner, self._pad_id = self._load()
+            self._runner, self._pad_id, self._limits = self._load()
         except BaseException as exc:  # reported to whoever waits for the load
             self.load_error = exc
             self.loaded.set()
@@ -141,7 +145,7 @@ class Worker:
         batch = [item for item in batch if item.future.set_running_or_notify_cancel()]
         if not batch:
             return
-        width = padded_width(max(item.n_tokens for item in batch))
+        width = self._limits.width(max(item.n_tokens for item in batch))
         ids = np.full((len(batch), width), self._pad_id, dtype=np.int32)
         mask = np.zeros((len(batch), width), dtype=np.int32)
         type_ids = np.zeros((len(batch), width), dtype=np.int32)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from engine.scheduler import BatchLimits, next_batch, padded_width
+from engine.scheduler import BatchLimits, next_batch, padded_width, width_buckets
 
 
 @dataclass
@@ -26,9 +26,22 @@ def lengths_of(items, picked):
     return sorted(items[i].n_tokens for i in picked)
 
 
-@pytest.mark.parametrize("n, width", [(1, 8), (7, 8), (8, 8), (9, 16), (16, 16), (17, 24), (512, 512), (513, 520)])
-def test_padded_width(n, width):
+@pytest.mark.parametrize("n, width", [(1, 8), (7, 8), (8, 8), (9, 16), (16, 16), (17, 32), (100, 128),
+                                      (512, 512), (513, 1024)])
+def test_padded_width_is_the_next_power_of_two(n, width):
     assert padded_width(n) == width
+
+
+@pytest.mark.parametrize("n, width", [(200, 256), (257, 300), (300, 300)])
+def test_padded_width_stops_at_max_seq(n, width):
+    assert padded_width(n, max_seq=300) == width
+    assert BatchLimits(4096, 8, max_seq=300).width(n) == width
+
+
+def test_width_buckets_cover_every_length_up_to_max_seq():
+    assert width_buckets(512) == [8, 16, 32, 64, 128, 256, 512]
+    assert width_buckets(300) == [8, 16, 32, 64, 128, 256, 300]
+    assert all(padded_width(n, 300) in width_buckets(300) for n in range(1, 301))
 
 
 def test_nothing_waiting():
@@ -38,7 +51,7 @@ def test_nothing_waiting():
 def test_oldest_always_included_even_when_it_is_an_outlier():
     items = waiting(5, 6, 7, 900, 8, oldest=3)
     picked = next_batch(items, BatchLimits(max_tokens=1000, max_rows=8))
-    assert picked == [3]  # 900 -> width 904: too wide to share with anyone under a 1000-token budget
+    assert picked == [3]  # 900 -> width 1024: too wide to share with anyone under a 1000-token budget
 
 
 def test_input_longer_than_the_budget_runs_alone():
@@ -62,8 +75,8 @@ def test_token_budget_counts_rows_times_padded_width():
     items = waiting(*([16] * 10))
     picked = next_batch(items, BatchLimits(max_tokens=64, max_rows=64))
     assert len(picked) == 4  # 4 x 16 = 64; a fifth row would make 80
-    items = waiting(*([17] * 10))  # width 24
-    assert len(next_batch(items, BatchLimits(max_tokens=64, max_rows=64))) == 2  # 3 x 24 = 72 > 64
+    items = waiting(*([17] * 10))  # width 32
+    assert len(next_batch(items, BatchLimits(max_tokens=64, max_rows=64))) == 2  # 3 x 32 = 96 > 64
 
 
 def test_nearest_lengths_are_preferred():
@@ -91,15 +104,18 @@ def test_invariants_on_random_queues(seed):
     rng = random.Random(seed)
     n = rng.randint(1, 40)
     seqs = rng.sample(range(1000), n)
-    items = [W(rng.choice([rng.randint(1, 16), rng.randint(1, 128), rng.randint(1, 700)]), s) for s in seqs]
-    limits = BatchLimits(max_tokens=rng.choice([64, 256, 1024, 4096]), max_rows=rng.choice([1, 2, 4, 16, 64]))
+    max_seq = rng.choice([None, 100, 300, 768])
+    top = max_seq or 700
+    items = [W(rng.choice([rng.randint(1, 16), rng.randint(1, min(top, 128)), rng.randint(1, top)]), s) for s in seqs]
+    limits = BatchLimits(max_tokens=rng.choice([64, 256, 1024, 4096]), max_rows=rng.choice([1, 2, 4, 16, 64]),
+                         max_seq=max_seq)
     picked = next_batch(items, limits)
 
     oldest = min(range(n), key=lambda i: items[i].seq)
     assert oldest in picked
     assert len(set(picked)) == len(picked)
     assert 1 <= len(picked) <= limits.max_rows
-    width = max(padded_width(items[i].n_tokens) for i in picked)
+    width = max(limits.width(items[i].n_tokens) for i in picked)
     if len(picked) > 1:
         assert len(picked) * width <= limits.max_tokens
 
@@ -111,5 +127,5 @@ def test_invariants_on_random_queues(seed):
     if len(picked) < limits.max_rows:
         for pos in (positions[0] - 1, positions[-1] + 1):
             if 0 <= pos < n:
-                grown = max(width, padded_width(items[order[pos]].n_tokens))
+                grown = max(width, limits.width(items[order[pos]].n_tokens))
                 assert (len(picked) + 1) * grown > limits.max_tokens

@@ -1,0 +1,58 @@
+"""Shapes prepared at startup: every width bucket is run once and the row caps are fitted to memory.
+
+Runs on the engine thread before the model is reported loaded, so a request compiles and allocates
+nothing new: the compiled kernels are shapeless and every bucket has already been through the model.
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+import mlx.core as mx
+import numpy as np
+
+from engine.scheduler import MIN_WIDTH, BatchLimits, width_buckets
+from engine.worker import Runner
+
+log = logging.getLogger(__name__)
+
+# Activations of one forward pass may use this share of the memory available at load time.
+MEMORY_SHARE = 0.5
+
+
+def available_memory() -> int:
+    """Bytes of RAM available now (Linux/macOS sysconf; assume 4 GiB where it is unknown)."""
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 4 << 30
+
+
+def prepare(runner: Runner, pad_id: int, max_seq: int, max_tokens: int, max_rows: int) -> BatchLimits:
+    """Warm one row per width bucket, measure its activation memory, and fit the caps to memory.
+
+    Activation memory grows linearly with rows, so the one-row peak of the widest bucket bounds how
+    many tokens a pass may hold; max_seq shrinks if even one row of it would not fit.
+    """
+    budget = int(available_memory() * MEMORY_SHARE)
+    per_row: dict[int, int] = {}
+    for width in width_buckets(max_seq):
+        mx.reset_peak_memory()
+        base = mx.get_active_memory()
+        ids = np.full((1, width), pad_id, dtype=np.int32)
+        runner(ids, np.ones((1, width), np.int32), np.zeros((1, width), np.int32), [width])
+        per_row[width] = max(1, mx.get_peak_memory() - base)
+        if per_row[width] > budget:
+            break
+    fitting = [w for w, used in per_row.items() if used <= budget]
+    if not fitting:
+        raise MemoryError(f"not even one row of {MIN_WIDTH} tokens fits in the memory available")
+    fitted_seq = min(max_seq, max(fitting))
+    widest = per_row[fitted_seq]
+    fitted_tokens = max(fitted_seq, min(max_tokens, budget // widest * fitted_seq))
+    fitted_rows = max(1, min(max_rows, budget // per_row[min(per_row)]))
+    if (fitted_seq, fitted_tokens, fitted_rows) != (max_seq, max_tokens, max_rows):
+        log.info("fitted to %d MiB of memory: max_seq %d (asked %d), batch tokens %d (asked %d), rows %d (asked %d)",
+                 budget >> 20, fitted_seq, max_seq, fitted_tokens, max_tokens, fitted_rows, max_rows)
+    return BatchLimits(max_tokens=fitted_tokens, max_rows=fitted_rows, max_seq=fitted_seq)
+
