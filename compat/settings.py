@@ -145,9 +145,13 @@ class Settings(BaseSettings):
                           help="CPU threads for the math library; -1 = the library's default")
     max_batch_tokens: int = option(
         8192, flags=["--max-batch-tokens"], env="LLAMA_ARG_MAX_BATCH_TOKENS", metavar="N", group="batching",
-        help="most rows x padded width in one forward pass")
-    max_batch_rows: int = option(64, flags=["--max-batch-rows"], env="LLAMA_ARG_MAX_BATCH_ROWS", metavar="N",
-                                 group="batching", help="most inputs in one forward pass")
+        help="most rows x padded width in one forward pass (lowered at startup to what fits in memory)")
+    max_batch_rows: int = option(64, flags=["--max-batch-rows", "--rows"], env="LLAMA_ARG_MAX_BATCH_ROWS",
+                                 metavar="N", group="batching",
+                                 help="most inputs in one forward pass (lowered at startup to what fits in memory)")
+    max_seq: int = option(0, flags=["--max-seq"], env="LLAMA_ARG_MAX_SEQ", metavar="N", group="batching",
+                          help="most tokens per input, also the widest padded shape prepared at startup; "
+                               "0 = the per-input limit (positions, -ub, -c), lowered to what fits in memory")
     max_queue_items: int = option(
         4096, flags=["--max-queue-items"], env="LLAMA_ARG_MAX_QUEUE_ITEMS", metavar="N", group="batching",
         help="most inputs waiting for the model; a request beyond that gets 503")
@@ -224,6 +228,7 @@ class Settings(BaseSettings):
             truncate=self.truncate,
             max_batch_tokens=self.max_batch_tokens,
             max_batch_rows=self.max_batch_rows,
+            max_seq=self.max_seq,
             max_queue_items=self.max_queue_items,
             threads=self.threads,
             rerank_sigmoid=self.rerank_sigmoid,

@@ -49,6 +49,11 @@ def render_props_response(settings: Settings, info: ModelInfo, version: str) -> 
         "build_info": f"mlx-embed-server-{version}",
         "is_sleeping": False,
         "cors_proxy_enabled": False,
+        # ours, after llama's keys: the shapes fitted at startup
+        "max_seq": info.max_input_tokens,
+        "rows": info.batch_rows,
+        "batch_tokens": info.batch_tokens,
+        "widths": list(info.widths),
     }
 
 
