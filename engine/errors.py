@@ -44,6 +44,10 @@ class NotLoaded(EngineError):
     """The model is still loading (or failed to)."""
 
 
+class LoadFailed(EngineError):
+    """A model could not be loaded (several-model server); the next request or explicit load retries."""
+
+
 class QueueFull(EngineError):
     """The engine's bounded queue cannot take the request's inputs now."""
 

@@ -1,6 +1,9 @@
 """One checkpoint's compute on padded numpy batches: trunk + pooling, or a scoring head. Engine thread only."""
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
@@ -9,35 +12,57 @@ from engine.pooling import pool
 from engine.types import Pooling
 
 
-class EmbeddingPipeline:
+Collect = Callable[[], list[np.ndarray]]
+
+
+class Pipeline(ABC):
+    """launch() builds the graph and starts evaluating it; the returned collect() waits and splits rows.
+
+    The engine thread assembles the next batch between the two. Calling the pipeline does both at once.
+    """
+
+    @abstractmethod
+    def launch(self, ids: np.ndarray, mask: np.ndarray, type_ids: np.ndarray, lengths: list[int]) -> Collect:
+        """Start the pass for [B, W] right-padded rows."""
+
+    def __call__(self, ids: np.ndarray, mask: np.ndarray, type_ids: np.ndarray,
+                 lengths: list[int]) -> list[np.ndarray]:
+        return self.launch(ids, mask, type_ids, lengths)()
+
+
+def _started(out: mx.array) -> mx.array:
+    mx.async_eval(out)
+    return out
+
+
+class EmbeddingPipeline(Pipeline):
     def __init__(self, model: nn.Module, pooling: Pooling):
         self.model = model
         self.pooling = pooling
 
-    def __call__(self, ids: np.ndarray, mask: np.ndarray, type_ids: np.ndarray,
-                 lengths: list[int]) -> list[np.ndarray]:
+    def launch(self, ids: np.ndarray, mask: np.ndarray, type_ids: np.ndarray, lengths: list[int]) -> Collect:
         """[B, W] right-padded -> one float32 vector [D] per row ([n_i, D] for pooling none)."""
         mask_mx = mx.array(mask)
         hidden = self.model(mx.array(ids), mask_mx, mx.array(type_ids))
         if self.pooling is Pooling.NONE:
-            out = np.array(hidden.astype(mx.float32))
-            return [out[i, :n] for i, n in enumerate(lengths)]
-        return list(np.array(pool(hidden, mask_mx, self.pooling)))
+            tokens = _started(hidden.astype(mx.float32))
+            return lambda: [row[:n] for row, n in zip(np.array(tokens), lengths)]
+        pooled = _started(pool(hidden, mask_mx, self.pooling))
+        return lambda: list(np.array(pooled))
 
 
-class CrossEncoderPipeline:
+class CrossEncoderPipeline(Pipeline):
     """A sequence classifier with one label: the raw logit per (query, document) row."""
 
     def __init__(self, model: nn.Module):
         self.model = model
 
-    def __call__(self, ids: np.ndarray, mask: np.ndarray, type_ids: np.ndarray,
-                 lengths: list[int]) -> list[np.ndarray]:
-        logits = self.model(mx.array(ids), mx.array(mask), mx.array(type_ids))
-        return list(np.array(logits.astype(mx.float32))[:, 0])
+    def launch(self, ids: np.ndarray, mask: np.ndarray, type_ids: np.ndarray, lengths: list[int]) -> Collect:
+        logits = _started(self.model(mx.array(ids), mx.array(mask), mx.array(type_ids)).astype(mx.float32))
+        return lambda: list(np.array(logits)[:, 0])
 
 
-class GenerativeRerankPipeline:
+class GenerativeRerankPipeline(Pipeline):
     """A causal LM scored by the yes/no recipe: sigmoid(logit_yes - logit_no) at the last position.
 
     Only the final hidden state of the last position meets the LM head, and only its two rows: the
@@ -50,8 +75,7 @@ class GenerativeRerankPipeline:
         self.direction = rows[0] - rows[1]
         self.pad_id = pad_id
 
-    def __call__(self, ids: np.ndarray, mask: np.ndarray, type_ids: np.ndarray,
-                 lengths: list[int]) -> list[np.ndarray]:
+    def launch(self, ids: np.ndarray, mask: np.ndarray, type_ids: np.ndarray, lengths: list[int]) -> Collect:
         # Rows arrive right-padded; decoders take them left-padded so every row ends at the last position.
         width = ids.shape[1]
         left_ids = np.full_like(ids, self.pad_id)
@@ -60,4 +84,5 @@ class GenerativeRerankPipeline:
             left_ids[row, width - n:] = ids[row, :n]
             left_mask[row, width - n:] = 1
         hidden = self.model(mx.array(left_ids), mx.array(left_mask))[:, -1, :]
-        return list(np.array(mx.sigmoid(hidden.astype(mx.float32) @ self.direction.astype(mx.float32))))
+        scores = _started(mx.sigmoid(hidden.astype(mx.float32) @ self.direction.astype(mx.float32)))
+        return lambda: list(np.array(scores))

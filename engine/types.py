@@ -109,3 +109,27 @@ class RerankResult:
 
 
 DEFAULT_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+class ModelState(str, enum.Enum):
+    """Where one checkpoint of a Residency stands."""
+
+    UNLOADED = "unloaded"
+    LOADING = "loading"
+    LOADED = "loaded"
+    FAILED = "failed"  # the last load failed; the next request or load retries
+
+
+@dataclass(frozen=True)
+class ResidencyStatus:
+    """One checkpoint's state in a Residency, for /models and /metrics."""
+
+    state: ModelState
+    in_use: int = 0  # leases held now
+    load_s: float | None = None  # how long the last successful load took
+    last_error: str | None = None  # the last load failure, cleared by a successful load
+    info: ModelInfo | None = None  # while loaded
+
+    @property
+    def loaded_bytes(self) -> int:
+        return self.info.size_bytes if self.info is not None else 0

@@ -10,7 +10,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -21,7 +21,7 @@ from engine.scheduler import BatchLimits, next_batch
 log = logging.getLogger(__name__)
 
 # (ids [B, W], mask [B, W], token type ids [B, W], lengths) -> one result per row
-Runner = Callable[[np.ndarray, np.ndarray, np.ndarray, list[int]], list[np.ndarray]]
+Runner = Callable[[np.ndarray, np.ndarray, np.ndarray, list[int]], list[np.ndarray]]  # or a Pipeline (launch + collect)
 
 
 @dataclass
@@ -81,6 +81,8 @@ class Worker:
         items = [WorkItem(ids=ids, type_ids=t, deadline=deadline, n_tokens=len(ids), enqueued=now)
                  for ids, t in zip(token_lists, types)]
         with self._cond:
+            if self._closed:
+                raise NotLoaded("the model has been unloaded")
             if len(self._waiting) + len(items) > self._max_queue:
                 raise QueueFull(f"the engine queue is full ({len(self._waiting)} of {self._max_queue} inputs "
                                 f"waiting, this request has {len(items)})")
@@ -115,16 +117,21 @@ class Worker:
             self.loaded.set()
             return
         self.loaded.set()
+        # Two-stage loop: while one pass computes, the next batch is picked, assembled and queued behind it.
+        in_flight: _Launched | None = None
         while True:
-            batch = self._take_batch()
+            batch = self._take_batch(wait=in_flight is None)
+            launched = self._launch(batch) if batch else None
+            if in_flight is not None:
+                self._finish(in_flight)
+            in_flight = launched
             if batch is None:
                 return
-            if batch:
-                self._run(batch)
 
-    def _take_batch(self) -> list[WorkItem] | None:
+    def _take_batch(self, wait: bool) -> list[WorkItem] | None:
+        """The next batch; [] when nothing waits and `wait` is false; None once closed."""
         with self._cond:
-            while not self._waiting and not self._closed:
+            while wait and not self._waiting and not self._closed:
                 self._cond.wait()
             if self._closed:
                 return None
@@ -134,17 +141,21 @@ class Worker:
                 if item.future.cancelled():
                     continue
                 if item.deadline <= now:
-                    item.future.set_exception(ReplyTimeout("the request was not served within its deadline"))
+                    try:
+                        item.future.set_exception(ReplyTimeout("the request was not served within its deadline"))
+                    except InvalidStateError:
+                        pass  # its requester gave up at the same moment
                     continue
                 live.append(item)
             picked = set(next_batch(live, self._limits))
             self._waiting = [item for i, item in enumerate(live) if i not in picked]
             return [item for i, item in enumerate(live) if i in picked]
 
-    def _run(self, batch: list[WorkItem]) -> None:
+    def _launch(self, batch: list[WorkItem]) -> _Launched | None:
+        """Assemble one array per input kind and start the pass without waiting for it."""
         batch = [item for item in batch if item.future.set_running_or_notify_cancel()]
         if not batch:
-            return
+            return None
         width = self._limits.width(max(item.n_tokens for item in batch))
         ids = np.full((len(batch), width), self._pad_id, dtype=np.int32)
         mask = np.zeros((len(batch), width), dtype=np.int32)
@@ -155,18 +166,43 @@ class Worker:
             if item.type_ids is not None:
                 type_ids[row, : item.n_tokens] = item.type_ids
         started = time.monotonic()
+        lengths = [item.n_tokens for item in batch]
         try:
-            outputs = self._runner(ids, mask, type_ids, [item.n_tokens for item in batch])
+            launch = getattr(self._runner, "launch", None)
+            if launch is not None:
+                collect = launch(ids, mask, type_ids, lengths)
+            else:  # a plain callable runner computes synchronously
+                outputs = self._runner(ids, mask, type_ids, lengths)
+                collect = lambda: outputs  # noqa: E731
+        except Exception as exc:
+            return _Launched(batch, None, started, exc)
+        return _Launched(batch, collect, started)
+
+    def _finish(self, launched: _Launched) -> None:
+        batch = launched.batch
+        try:
+            if launched.error is not None:
+                raise launched.error
+            outputs = launched.collect()
         except Exception as exc:  # one bad batch must not take the engine down
-            log.exception("forward pass failed for a batch of %d inputs", len(batch))
+            log.error("forward pass failed for a batch of %d inputs", len(batch), exc_info=exc)
             for item in batch:
                 item.future.set_exception(ForwardFailed(f"the forward pass failed: {exc}"))
             return
-        elapsed = time.monotonic() - started
+        elapsed = time.monotonic() - launched.started
         n_real = sum(item.n_tokens for item in batch)
         self.stats.prompt_tokens_total += n_real
         self.stats.prompt_seconds_total += elapsed
         self.stats.n_decode_total += 1
         self.stats.n_tokens_max = max(self.stats.n_tokens_max, n_real)
         for item, value in zip(batch, outputs):
-            item.future.set_result(ItemResult(value, started - item.enqueued, elapsed, self.stats.n_decode_total))
+            item.future.set_result(ItemResult(value, launched.started - item.enqueued, elapsed,
+                                              self.stats.n_decode_total))
+
+
+@dataclass
+class _Launched:
+    batch: list[WorkItem]
+    collect: Callable[[], list[np.ndarray]] | None
+    started: float
+    error: Exception | None = None

@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import threading
 import time
-from concurrent.futures import CancelledError, ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 
 import numpy as np
 import pytest
 
-from engine.errors import ForwardFailed, NotLoaded, QueueFull, ReplyTimeout
-from engine.scheduler import BatchLimits, padded_width
+from engine.errors import EngineError, ForwardFailed, NotLoaded, QueueFull, ReplyTimeout
+from engine.scheduler import BatchLimits
 from engine.worker import Worker
 
 PAD = 7
@@ -37,7 +37,9 @@ class FakeRunner:
 
 
 def start(runner, limits=BatchLimits(max_tokens=256, max_rows=4), max_queue=1000) -> Worker:
-    worker = Worker(lambda: (runner, PAD), limits, max_queue, name="test-engine")
+    """A worker whose load returns the fake runner, PAD and `limits` (as fitted at load)."""
+    worker = Worker(lambda: (runner, PAD, limits), BatchLimits(max_tokens=1, max_rows=1), max_queue,
+                    name="test-engine")
     assert worker.loaded.wait(10)
     return worker
 
@@ -96,7 +98,7 @@ def test_results_scattered_to_the_right_items_across_concurrent_submitters():
         rows, width = ids.shape
         n_rows += rows
         assert rows <= limits.max_rows
-        assert width == padded_width(max(lengths))
+        assert width == limits.width(max(lengths))
         if rows > 1:
             assert rows * width <= limits.max_tokens
         for r, n in enumerate(lengths):
@@ -211,7 +213,7 @@ def test_submit_before_the_load_finishes():
 
     def load():
         assert gate.wait(10)
-        return runner, PAD
+        return runner, PAD, BatchLimits(256, 4)
 
     worker = Worker(load, BatchLimits(256, 4), 100)
     try:
@@ -253,3 +255,38 @@ def test_close_cancels_waiting_inputs_and_stops_the_thread():
     assert running[0].future.result(10).value.tolist() == echo([1, 2, 3]).tolist()  # the pass in flight ends
     worker._thread.join(10)
     assert not worker._thread.is_alive()
+
+
+class CancelledRightAfterTheCheck(Future):
+    """Replays one interleaving deterministically: the requester's Engine._serve gives up (future.cancel(),
+    on the request thread, without the worker's lock) just after the engine thread asked cancelled()."""
+
+    def cancelled(self):
+        was = super().cancelled()
+        if not was:
+            self.cancel()
+        return was
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_expiry_racing_a_requester_cancel_does_not_kill_the_engine_thread():
+    runner = FakeRunner(hold_first=True)
+    worker = start(runner)
+    try:
+        hold(worker, runner)
+        expired = worker.submit([[42]], time.monotonic() - 1)[0]
+        expired.future = CancelledRightAfterTheCheck()
+        runner.release.set()
+        later = worker.submit([[43]], FAR)[0]
+        assert later.future.result(2).value.tolist() == echo([43]).tolist()
+        assert worker._thread.is_alive()
+    finally:
+        worker.close()
+
+
+def test_submit_after_close_is_refused():
+    worker = start(FakeRunner())
+    worker.close()
+    worker._thread.join(10)
+    with pytest.raises(EngineError):
+        worker.submit([[1]], FAR)
