@@ -13,8 +13,10 @@ from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 
+import mlx.core as mx
 import numpy as np
 
+from engine import threads
 from engine.errors import ForwardFailed, NotLoaded, QueueFull, ReplyTimeout
 from engine.scheduler import BatchLimits, next_batch
 
@@ -67,8 +69,7 @@ class Worker:
         self.loaded = threading.Event()
         self.load_error: BaseException | None = None
         self.stats = WorkerStats()
-        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
-        self._thread.start()
+        self._thread = threads.start(self._main, name)
 
     # -- request threads -------------------------------------------------------------------------
     def submit(self, token_lists: list[list[int]], deadline: float,
@@ -110,6 +111,13 @@ class Worker:
 
     # -- the engine thread -----------------------------------------------------------------------
     def _main(self) -> None:
+        try:
+            self._serve()
+        finally:
+            # MLX aborts the process at exit if a thread that ran compiled kernels ends with work pending.
+            mx.synchronize()
+
+    def _serve(self) -> None:
         try:
             self._runner, self._pad_id, self._limits = self._load()
         except BaseException as exc:  # reported to whoever waits for the load

