@@ -198,3 +198,22 @@ def test_unix_socket(tmp_path):
         assert status == 200
     finally:
         srv.stop()
+
+
+def test_hf_repo_resolves_through_the_hugging_face_cache(tmp_path):
+    # The hub cache layout, built by hand: models--org--name/{refs/main, snapshots/<commit>/...}
+    repo = tmp_path / "hub" / "models--example-org--minilm"
+    snapshot = repo / "snapshots" / "0123456789abcdef"
+    snapshot.mkdir(parents=True)
+    for item in Path(default_model()).iterdir():
+        (snapshot / item.name).symlink_to(item)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0123456789abcdef")
+    env = clean_env(HF_HUB_CACHE=str(tmp_path / "hub"))
+    with ServerProcess("--embedding", "-hf", "example-org/minilm", "--offline", env=env) as srv:
+        assert _model_id(srv) == "example-org/minilm"  # llama's name rule: the -hf string
+        assert srv.get("/props").json()["model_path"] == str(snapshot)
+        usage = srv.post("/v1/embeddings", {"input": "I believe the meaning of life is"}).json()["usage"]
+        assert usage["prompt_tokens"] == 9
+    missing = run_cli("--embedding", "-hf", "example-org/absent", "--offline", "--port", "0", env=env)
+    assert missing.returncode != 0 and "example-org/absent" in missing.stderr
