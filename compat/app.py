@@ -1,4 +1,5 @@
-"""create_app(settings, engine): the falcon app a client talks to, wired like llama-server."""
+"""create_app(settings, engine): the falcon app a client talks to, wired like llama-server (single model), or
+like its router mode when given a ModelRouter (several models)."""
 from __future__ import annotations
 
 import time
@@ -16,9 +17,11 @@ from compat.middleware import (ApiKeyMiddleware, ApiPrefixMiddleware, CorsMiddle
 from compat.resources.embeddings import EmbeddingsResource
 from compat.resources.info import (HealthResource, MetricsResource, ModelsResource, PropsResource,
                                    SlotsResource)
+from compat.resources.models import ModelActionResource, RouterModelsResource, RouterPropsResource
 from compat.resources.rerank import RerankResource
 from compat.resources.tokenize import DetokenizeResource, TokenizeResource
-from compat.resources.unsupported import RERANK_DISABLED, UnsupportedRouteResource, not_served_message
+from compat.resources.unsupported import UnsupportedRouteResource, not_served_message
+from compat.routing import ModelRouter, SingleModel
 from engine import Engine
 from engine.errors import EngineError
 from engine.types import Pooling
@@ -40,13 +43,17 @@ def _json_handler() -> falcon.media.JSONHandler:
                                     loads=orjson.loads)
 
 
-def create_app(settings: Settings, engine: Engine) -> falcon.App:
+def create_app(settings: Settings, engine: Engine | ModelRouter) -> falcon.App:
+    """`engine`: the one model's Engine, or the ModelRouter of a several-model server."""
+    router = engine if isinstance(engine, ModelRouter) else None
+    models = router or SingleModel(engine, settings)
     app = falcon.App(
         media_type=JSON_CONTENT_TYPE,
         middleware=[
             TimingMiddleware(),  # first in, last out: x-total-time covers the whole chain
             CorsMiddleware(settings),  # CORS headers, then OPTIONS preflight
-            LoadingMiddleware(engine),
+            # one model: 503 until it is loaded; several: each request waits for its own model's load
+            *([] if router else [LoadingMiddleware(engine)]),
             ApiKeyMiddleware(settings),
             ApiPrefixMiddleware(settings),
         ],
@@ -60,35 +67,36 @@ def create_app(settings: Settings, engine: Engine) -> falcon.App:
     app.add_error_handler(ApiError, handle_api_error)
 
     health = HealthResource()
-    # the engine refuses to load an embedder in rank mode and a reranker outside it, so this names the model
-    models = ModelsResource(engine, settings,
-                            capabilities=["rerank"] if settings.pooling is Pooling.RANK else ["embedding"])
-    # llama serves rerank only with --embedding AND a CLI pooling of rank (§4.1); --reranking sets both
-    rank_mode = settings.embedding and settings.pooling is Pooling.RANK
-    rerank_disabled = UnsupportedRouteResource(RERANK_DISABLED)
-    rerank = RerankResource(engine, settings, cohere_v2=False) if rank_mode else rerank_disabled
-    rerank_v2 = RerankResource(engine, settings, cohere_v2=True) if rank_mode else rerank_disabled
-    embeddings = EmbeddingsResource(engine, settings, oai=False)
+    embeddings = EmbeddingsResource(models, oai=False)
+    rerank = RerankResource(models, cohere_v2=False)
     routes = {
         "/health": health,
         "/v1/health": health,
-        "/props": PropsResource(engine, settings, _version()),
-        "/models": models,
-        "/v1/models": models,
-        "/slots": SlotsResource(engine, settings),
-        "/metrics": MetricsResource(engine, settings, started_unix=int(time.time())),
+        "/slots": SlotsResource(models, settings),
+        "/metrics": MetricsResource(models, settings, started_unix=int(time.time())),
         "/embedding": embeddings,  # legacy name
         "/embeddings": embeddings,
-        "/v1/embeddings": EmbeddingsResource(engine, settings, oai=True),
-        "/tokenize": TokenizeResource(engine),
-        "/detokenize": DetokenizeResource(engine),
+        "/v1/embeddings": EmbeddingsResource(models, oai=True),
+        "/tokenize": TokenizeResource(models),
+        "/detokenize": DetokenizeResource(models),
         **{path: rerank for path in ("/rerank", "/reranking", "/v1/rerank", "/v1/reranking")},
-        "/v2/rerank": rerank_v2,  # Cohere v2 clients
+        "/v2/rerank": RerankResource(models, cohere_v2=True),  # Cohere v2 clients
         # generation routes exist in llama-server; here they say why they are missing instead of 404
         **{path: UnsupportedRouteResource(not_served_message(path))
            for path in ("/completion", "/completions", "/v1/completions", "/chat/completions",
                         "/v1/chat/completions", "/infill", "/v1/responses", "/v1/messages", "/apply-template")},
     }
+    if router is None:
+        # the engine refuses to load an embedder in rank mode and a reranker outside it, so this names the model
+        listing = ModelsResource(engine, settings,
+                                 capabilities=["rerank"] if settings.pooling is Pooling.RANK else ["embedding"])
+        routes.update({"/props": PropsResource(engine, settings, _version()), "/models": listing,
+                       "/v1/models": listing})
+    else:
+        listing = RouterModelsResource(router)
+        routes.update({"/props": RouterPropsResource(router, settings, _version()), "/models": listing,
+                       "/v1/models": listing, "/models/load": ModelActionResource(router.load),
+                       "/models/unload": ModelActionResource(router.unload)})
     for path, resource in routes.items():
         app.add_route(path, resource)
     return app

@@ -5,6 +5,7 @@ import logging
 import os
 import sys
 
+from compat.models import read_catalog
 from compat.settings import HelpRequested, Settings, SettingsError, parse_settings
 
 _LEVELS = {0: logging.ERROR, 1: logging.ERROR, 2: logging.WARNING, 3: logging.INFO}
@@ -26,6 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname).1s %(name)s: %(message)s")
     try:
         settings = parse_settings(sys.argv[1:] if argv is None else argv, os.environ)
+        catalog = read_catalog(settings)  # the several models' files: wrong ones stop the start too
     except HelpRequested as help_text:
         print(str(help_text))
         return 0
@@ -33,9 +35,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     configure_logging(settings)
-    from compat import server  # imports the engine (and MLX) only once the command line is valid
+    from compat import server  # imports the engine's threads and the HTTP server once the options are valid
 
-    return server.run(settings)
+    return server.run(settings, catalog)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from engine.errors import (
     InputTooLong,
     InvalidInput,
     InvalidTokens,
+    LoadFailed,
     NotLoaded,
     QueueFull,
     ReplyTimeout,
@@ -97,6 +98,7 @@ ENGINE_ERRORS: dict[type[EngineError], Callable[[Any], ApiError]] = {
     QueueFull: lambda e: ApiError(503, UNAVAILABLE, str(e) or "Too many inputs queued; retry later"),
     ReplyTimeout: lambda e: ApiError(504, TIMEOUT, str(e) or "The request was not served in time"),
     NotLoaded: lambda e: ApiError(503, UNAVAILABLE, "Loading model"),
+    LoadFailed: lambda e: ApiError(500, SERVER, str(e)),  # the next request retries the load
     UnsupportedCheckpoint: lambda e: ApiError(501, NOT_SUPPORTED, str(e)),
     ForwardFailed: lambda e: ApiError(500, SERVER, str(e) or "The forward pass failed"),
     EngineError: lambda e: ApiError(500, SERVER, str(e) or type(e).__name__),

@@ -6,10 +6,18 @@ leniency: lines may be indented. This module only parses; what keys mean is up t
 """
 from __future__ import annotations
 
+import importlib.util
 import re
 from dataclasses import dataclass
-import importlib.util
 from pathlib import Path
+
+# Sections that hold settings for everything (llama: [*], [default] and keys before any header); every other
+# section of a preset or --config file declares a model.
+GLOBAL_SECTIONS = ("", "*", "default")
+# Keys only presets have (llama's): load-on-startup means something here; stop-timeout (how long llama waits
+# for a model's child process) and dedup-cache-models are accepted for llama's files and mean nothing.
+LOAD_ON_STARTUP = "load-on-startup"
+PRESET_ONLY_KEYS = (LOAD_ON_STARTUP, "stop-timeout", "dedup-cache-models")
 
 
 def config_examples_dir() -> Path:
@@ -31,7 +39,21 @@ class PresetError(ValueError):
 class IniEntry:
     key: str
     value: str  # trailing blanks and any comment removed; may be empty
-    line: int  # 1-based, for messages
+    line: int  # 1-based, for messages; 0: not from a file
+
+
+@dataclass(frozen=True)
+class IniSection:
+    """One [section] of a file, or the one a command-line option stands for (--embedding-model)."""
+
+    source: str  # the file, or the option
+    name: str
+    entries: tuple[IniEntry, ...]
+
+    def where(self, entry: IniEntry) -> str:
+        """Names the file, section, line and key, for error messages."""
+        line = f" line {entry.line}" if entry.line else ""
+        return f'{self.source}: [{self.name}]{line}: key "{entry.key}"'
 
 
 _HEADER = re.compile(r"\[[ \t]*([^\]]*[^\]\s])[ \t]*\][ \t]*(?:[;#].*)?")
@@ -59,3 +81,12 @@ def parse_ini(text: str, source: str) -> dict[str, list[IniEntry]]:
         else:
             raise PresetError(f"{source}:{number}: syntax error: {raw.strip()!r} (expected [section] or key = value)")
     return sections
+
+
+def read_ini(path: Path) -> dict[str, list[IniEntry]]:
+    """parse_ini on a file; an unreadable file is a PresetError too."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeError) as exc:
+        raise PresetError(f"cannot read config file {path}: {exc}") from None
+    return parse_ini(text, str(path))

@@ -1,4 +1,7 @@
-"""Start the listener first, load the model behind it, serve with waitress until told to stop."""
+"""Start the listener first, load the model behind it, serve with waitress until told to stop.
+
+Several models: they load on first use (or at startup when their section says load-on-startup) behind the
+listener, and SIGHUP re-reads their configuration."""
 from __future__ import annotations
 
 import logging
@@ -9,8 +12,10 @@ import threading
 import waitress
 
 from compat.app import create_app
-from compat.settings import Settings
-from engine import Engine, default_model
+from compat.models import Catalog
+from compat.routing import ModelRouter
+from compat.settings import Settings, SettingsError
+from engine import Engine, Residency, default_model
 
 log = logging.getLogger("mlx_embed_server")
 
@@ -39,27 +44,34 @@ def _stop(signum: int, frame: object) -> None:
     raise KeyboardInterrupt  # waitress's loop ends on it; SIGTERM then shuts down like Ctrl-C
 
 
-def run(settings: Settings) -> int:
-    path = model_path(settings)
-    engine = Engine(settings.engine_options(path))
-    app = create_app(settings, engine)
+def run(settings: Settings, catalog: Catalog | None = None) -> int:
+    """Serve until SIGTERM or Ctrl-C. catalog: the models of a several-model server; None: -m alone."""
+    if catalog is None:
+        engine = Engine(settings.engine_options(model_path(settings)))
+        app = create_app(settings, engine)
+        shutdown = engine.close
+    else:
+        idle_unload_s = settings.sleep_idle_seconds if settings.sleep_idle_seconds > 0 else None
+        residency = Residency(settings.models_max, idle_unload_s)
+        router = ModelRouter(settings, residency, catalog)
+        app = create_app(settings, router)
+        shutdown = residency.close
+        for spec in catalog.models:
+            log.info("serving %s (%s%s) from %s", spec.id, spec.kind,
+                     f", aliases {', '.join(spec.aliases)}" if spec.aliases else "", spec.source)
+        # the reload reads files: not inside the signal handler
+        signal.signal(signal.SIGHUP, lambda signum, frame: threading.Thread(
+            target=_reload, args=(router,), name="reload", daemon=True).start())
     listen = ({"unix_socket": settings.host, "unix_socket_perms": "660"} if settings.host.endswith(".sock")
               else {"host": settings.host, "port": settings.port})
     server = waitress.create_server(app, threads=http_threads(settings), channel_timeout=settings.timeout,
                                     ident="mlx-embed-server", clear_untrusted_proxy_headers=True, **listen)
     where = settings.host if "unix_socket" in listen else f"http://{settings.host}:{server.effective_port}"
-    log.info("server is listening on %s while the model loads", where)
-
-    def watch_load() -> None:
-        try:
-            engine.wait_loaded()
-        except BaseException as exc:  # any load failure ends the process, as llama-server does
-            log.error("exiting due to model loading error: %s", exc)
-            logging.shutdown()
-            os._exit(1)
-        log.info("model loaded; all routes are ready")
-
-    threading.Thread(target=watch_load, name="load-watch", daemon=True).start()
+    if catalog is None:
+        log.info("server is listening on %s while the model loads", where)
+        threading.Thread(target=_exit_if_the_load_fails, args=(engine,), name="load-watch", daemon=True).start()
+    else:
+        log.info("server is listening on %s; models load on first use", where)
     signal.signal(signal.SIGTERM, _stop)
     try:
         server.run()
@@ -67,5 +79,22 @@ def run(settings: Settings) -> int:
         log.info("shutting down")
     finally:
         server.close()
-        engine.close()
+        shutdown()
     return 0
+
+
+def _exit_if_the_load_fails(engine: Engine) -> None:
+    try:
+        engine.wait_loaded()
+    except BaseException as exc:  # any load failure ends the process, as llama-server does
+        log.error("exiting due to model loading error: %s", exc)
+        logging.shutdown()
+        os._exit(1)
+    log.info("model loaded; all routes are ready")
+
+
+def _reload(router: ModelRouter) -> None:
+    try:
+        router.reload()
+    except SettingsError as exc:
+        log.error("SIGHUP: the configuration was not reloaded, the previous one stays: %s", exc)

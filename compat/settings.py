@@ -7,25 +7,26 @@ result. Nothing else in the project reads argv or LLAMA_ARG_* variables.
 """
 from __future__ import annotations
 
+import copy
 import logging
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, PrivateAttr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from compat.presets import PresetError, config_examples_dir, parse_ini
+from compat.presets import GLOBAL_SECTIONS, PRESET_ONLY_KEYS, IniSection, PresetError, config_examples_dir, read_ini
 from engine.types import DEFAULT_MODEL_NAME, EngineOptions, Pooling
 
 logger = logging.getLogger(__name__)
 
 Kind = Literal["value", "flag", "paired", "accumulating"]
 
-GROUPS = ("server", "model", "embeddings", "batching", "http", "logging", "ignored-for-compatibility")
+GROUPS = ("server", "model", "embeddings", "batching", "models", "http", "logging", "ignored-for-compatibility")
 
 SYSTEM_CONFIG_FILE = Path("/etc/llama.cpp/config.ini")
 
@@ -52,15 +53,18 @@ def option(
     env: str | None = None,
     metavar: str | None = None,
     implies: dict[str, Any] | None = None,
+    per_model: bool = False,
 ) -> Any:
     """A Settings field that is also an option.
 
     kind: value (takes one argument), flag (no argument, can only turn on), paired (`--x` / `--no-x`; the
     `--no-` spellings are derived) or accumulating (comma-separated, repeats append). `implies`: other
-    fields a flag also sets when it is given (`--reranking` turns on embedding with rank pooling).
+    fields a flag also sets when it is given (`--reranking` turns on embedding with rank pooling). `per_model`:
+    each model of a several-model server has its own value (a model section may set it); the others are
+    server-wide.
     """
     extra = {"flags": flags, "env": env, "help": help, "group": group, "kind": kind, "metavar": metavar,
-             "implies": implies or {}}
+             "implies": implies or {}, "per_model": per_model}
     if default == []:
         return Field(default_factory=list, json_schema_extra=extra)
     return Field(default, json_schema_extra=extra)
@@ -95,66 +99,88 @@ class Settings(BaseSettings):
                          help="expose the /slots endpoint")
 
     model: str | None = option(
-        None, flags=["-m", "--model"], env="LLAMA_ARG_MODEL", metavar="PATH", group="model",
+        None, flags=["-m", "--model"], env="LLAMA_ARG_MODEL", metavar="PATH", group="model", per_model=True,
         help="model folder in Hugging Face layout (config.json, tokenizer.json, *.safetensors)")
     hf_repo: str | None = option(
         None, flags=["-hf", "-hfr", "--hf-repo"], env="LLAMA_ARG_HF_REPO", metavar="<user>/<model>",
-        group="model", help="Hugging Face repository, downloaded into the Hugging Face cache")
+        group="model", per_model=True, help="Hugging Face repository, downloaded into the Hugging Face cache")
     offline: bool = option(False, flags=["--offline"], kind="flag", env="LLAMA_ARG_OFFLINE", group="model",
-                           help="use only the local Hugging Face cache, never the network")
+                           per_model=True, help="use only the local Hugging Face cache, never the network")
     alias: list[str] = option(
         [], flags=["-a", "--alias"], kind="accumulating", env="LLAMA_ARG_ALIAS", metavar="STRING", group="model",
-        help="model name aliases, comma-separated; the API reports the alphabetically first")
+        per_model=True, help="model name aliases, comma-separated; the API reports the alphabetically first")
     tags: list[str] = option([], flags=["--tags"], kind="accumulating", env="LLAMA_ARG_TAGS", metavar="STRING",
-                             group="model", help="model tags, comma-separated, reported by /v1/models")
+                             group="model", per_model=True, help="model tags, comma-separated, reported by /v1/models")
 
     embedding: bool = option(False, flags=["--embedding", "--embeddings"], kind="flag",
-                             env="LLAMA_ARG_EMBEDDINGS", group="embeddings",
+                             env="LLAMA_ARG_EMBEDDINGS", group="embeddings", per_model=True,
                              help="serve the embedding routes (without it they answer 501, as in llama-server)")
     pooling: Pooling | None = option(
         None, flags=["--pooling"], env="LLAMA_ARG_POOLING", metavar="{none,mean,cls,last,rank,max}",
-        group="embeddings", help="pooling type; unset = the model's own (max is our extension)")
+        group="embeddings", per_model=True, help="pooling type; unset = the model's own (max is our extension)")
     embd_normalize: int = option(
-        2, flags=["--embd-normalize"], metavar="N", group="embeddings",
+        2, flags=["--embd-normalize"], metavar="N", group="embeddings", per_model=True,
         help="normalization of /embedding vectors: -1 none, 0 max absolute, 1 taxicab, 2 Euclidean, >2 p-norm")
     reranking: bool = option(
         False, flags=["--reranking", "--rerank"], kind="flag", env="LLAMA_ARG_RERANKING", group="embeddings",
-        implies={"embedding": True, "pooling": Pooling.RANK.value},
+        per_model=True, implies={"embedding": True, "pooling": Pooling.RANK.value},
         help="enable the reranking endpoint (implies --embedding --pooling rank)")
     truncate: bool = option(
-        False, flags=["--truncate"], kind="paired", env="LLAMA_ARG_TRUNCATE", group="embeddings",
+        False, flags=["--truncate"], kind="paired", env="LLAMA_ARG_TRUNCATE", group="embeddings", per_model=True,
         help="cut over-long inputs to the model's maximum length instead of refusing them")
     rerank_sigmoid: bool = option(
         False, flags=["--rerank-sigmoid"], kind="paired", env="LLAMA_ARG_RERANK_SIGMOID", group="embeddings",
-        help="cross-encoder scores as sigmoid(logit) in [0, 1] instead of the raw logit (generative "
+        per_model=True, help="cross-encoder scores as sigmoid(logit) in [0, 1] instead of the raw logit (generative "
              "rerankers always give P(yes))")
     rerank_instruction: str | None = option(
         None, flags=["--rerank-instruction"], env="LLAMA_ARG_RERANK_INSTRUCTION", metavar="TEXT",
-        group="embeddings", help="generative rerankers: the <Instruct> task text (default: the model card's web "
-                                 "search instruction); a request's 'instruction' overrides it")
+        group="embeddings", per_model=True,
+        help="generative rerankers: the <Instruct> task text (default: the model card's web search instruction); "
+             "a request's 'instruction' overrides it")
 
     ctx_size: int = option(0, flags=["-c", "--ctx-size"], env="LLAMA_ARG_CTX_SIZE", metavar="N",
-                           group="batching", help="context size of all slots together; 0 = the model's own")
+                           group="batching", per_model=True,
+                           help="context size of all slots together; 0 = the model's own")
     batch_size: int = option(2048, flags=["-b", "--batch-size"], env="LLAMA_ARG_BATCH", metavar="N",
-                             group="batching", help="logical batch size (the input limit is min(-b, -ub))")
+                             group="batching", per_model=True,
+                             help="logical batch size (the input limit is min(-b, -ub))")
     ubatch_size: int = option(512, flags=["-ub", "--ubatch-size"], env="LLAMA_ARG_UBATCH", metavar="N",
-                              group="batching", help="physical batch size: the most tokens one input may have")
+                              group="batching", per_model=True,
+                              help="physical batch size: the most tokens one input may have")
     parallel: int = option(-1, flags=["-np", "--parallel"], env="LLAMA_ARG_N_PARALLEL", metavar="N",
-                           group="batching", help="number of server slots; -1 = auto (4)")
+                           group="batching", per_model=True, help="number of server slots; -1 = auto (4)")
     threads: int = option(-1, flags=["-t", "--threads"], env="LLAMA_ARG_THREADS", metavar="N", group="batching",
                           help="CPU threads for the math library; -1 = the library's default")
     max_batch_tokens: int = option(
         8192, flags=["--max-batch-tokens"], env="LLAMA_ARG_MAX_BATCH_TOKENS", metavar="N", group="batching",
-        help="most rows x padded width in one forward pass (lowered at startup to what fits in memory)")
+        per_model=True, help="most rows x padded width in one forward pass (lowered at startup to what fits in memory)")
     max_batch_rows: int = option(64, flags=["--max-batch-rows", "--rows"], env="LLAMA_ARG_MAX_BATCH_ROWS",
-                                 metavar="N", group="batching",
+                                 metavar="N", group="batching", per_model=True,
                                  help="most inputs in one forward pass (lowered at startup to what fits in memory)")
     max_seq: int = option(0, flags=["--max-seq"], env="LLAMA_ARG_MAX_SEQ", metavar="N", group="batching",
+                          per_model=True,
                           help="most tokens per input, also the widest padded shape prepared at startup; "
                                "0 = the per-input limit (positions, -ub, -c), lowered to what fits in memory")
     max_queue_items: int = option(
         4096, flags=["--max-queue-items"], env="LLAMA_ARG_MAX_QUEUE_ITEMS", metavar="N", group="batching",
-        help="most inputs waiting for the model; a request beyond that gets 503")
+        per_model=True, help="most inputs waiting for the model; a request beyond that gets 503")
+
+    models_preset: str | None = option(
+        None, flags=["--models-preset"], env="LLAMA_ARG_MODELS_PRESET", metavar="FILE", group="models",
+        help="INI file of models to serve, one [section] per model id, keys as the per-model options; "
+             "re-read on SIGHUP or POST /models?reload=1")
+    embedding_model: list[str] = option(
+        [], flags=["--embedding-model"], kind="accumulating", env="LLAMA_ARG_EMBEDDING_MODEL", metavar="REF[=ALIAS]",
+        group="models", help="also serve this embedding model (a folder or org/name repository); repeatable")
+    reranker_model: list[str] = option(
+        [], flags=["--reranker-model"], kind="accumulating", env="LLAMA_ARG_RERANKER_MODEL", metavar="REF[=ALIAS]",
+        group="models", help="also serve this reranker (a folder or org/name repository); repeatable")
+    models_max: int = option(
+        4, flags=["--models-max"], env="LLAMA_ARG_MODELS_MAX", metavar="N", group="models",
+        help="most models loaded at once; the least recently used idle one is unloaded first; 0 = no limit")
+    sleep_idle_seconds: int = option(
+        -1, flags=["--sleep-idle-seconds"], metavar="N", group="models",
+        help="unload a model nobody has used for N seconds (several-model server); -1 = never")
 
     threads_http: int = option(-1, flags=["--threads-http"], env="LLAMA_ARG_THREADS_HTTP", metavar="N",
                                group="http", help="threads serving HTTP requests; -1 = auto")
@@ -204,6 +230,30 @@ class Settings(BaseSettings):
             raise ValueError("n_parallel must not be 0 (-1 = auto)")
         return value
 
+    @field_validator("models_max")
+    @classmethod
+    def _models_max_not_negative(cls, value: int) -> int:
+        if value < 0:
+            raise ValueError("must be 0 (no limit) or more")
+        return value
+
+    @field_validator("sleep_idle_seconds")
+    @classmethod
+    def _sleep_never_or_positive(cls, value: int) -> int:
+        if value == 0 or value < -1:
+            raise ValueError("must be -1 (never) or a number of seconds")
+        return value
+
+    # Where the options came from, so that each model of a several-model server is resolved the same way
+    # (ModelSettings): the config files read, and the command line and environment laid over them.
+    _config_files: tuple[Path, ...] = PrivateAttr(default=())
+    _command_line: tuple[Any, ...] = PrivateAttr(default=())  # _Arg
+    _environment: dict[str, str] = PrivateAttr(default_factory=dict)  # the option variables only
+
+    def __eq__(self, other: object) -> bool:
+        # settings are equal when their options are, wherever they came from
+        return type(other) is type(self) and self.__dict__ == other.__dict__
+
     @property
     def model_name(self) -> str:
         """The name the API reports: llama's first alias, else --hf-repo, else -m as typed."""
@@ -241,7 +291,7 @@ class Settings(BaseSettings):
 _IGNORED_WITH_VALUE = (
     "-ngl --gpu-layers --n-gpu-layers", "-fa --flash-attn", "--temp", "-s --seed", "-ctk --cache-type-k",
     "-ctv --cache-type-v", "-n --n-predict --predict", "-hff --hf-file", "-hft --hf-token", "--mmproj",
-    "-cram --cache-ram", "--sleep-idle-seconds", "--chat-template", "--chat-template-file",
+    "-cram --cache-ram", "--chat-template", "--chat-template-file",
     "--reasoning-format", "--slot-save-path", "-gan --grp-attn-n", "-gaw --grp-attn-w", "-dev --device",
     "--models-dir", "-mu --model-url", "--lora", "--spec-type", "--tools",
 )
@@ -274,6 +324,7 @@ class _Option:
     default: Any
     implies: Mapping[str, Any]
     convert: Callable[[str], Any]  # the text of a value option to its value
+    per_model: bool  # a model section of a several-model server may set it
 
     @property
     def config_key(self) -> str:
@@ -320,7 +371,7 @@ def _declared_options() -> list[_Option]:
             field=name, flags=flags, no_flags=no_flags, env=meta["env"], kind=kind,
             arity="none" if kind in ("flag", "paired") else "one", choices=(), metavar=meta["metavar"],
             help=meta["help"], group=meta["group"], default=info.get_default(call_default_factory=True),
-            implies=meta["implies"], convert=_converter(info.annotation)))
+            implies=meta["implies"], convert=_converter(info.annotation), per_model=meta["per_model"]))
     ignored: list[tuple[str, Literal["none", "one", "optional"], tuple[str, ...]]] = [
         *((spellings, "one", ()) for spellings in _IGNORED_WITH_VALUE),
         *((spellings, "none", ()) for spellings in _IGNORED_FLAGS),
@@ -331,7 +382,7 @@ def _declared_options() -> list[_Option]:
         options.append(_Option(
             field=None, flags=tuple(spellings.split()), no_flags=(), env=None, kind="ignored", arity=arity,
             choices=choices, metavar=metavar, help="accepted and ignored", group="ignored-for-compatibility",
-            default=None, implies={}, convert=str))
+            default=None, implies={}, convert=str, per_model=False))
     return options
 
 
@@ -362,8 +413,21 @@ def _no_env(env: str) -> str:
     return env.replace("LLAMA_ARG_", "LLAMA_ARG_NO_")
 
 
+def _ini_option(key: str) -> tuple[_Option, bool] | None:
+    return _BY_INI_KEY.get(key) or _BY_INI_KEY.get(key.replace("_", "-"))
+
+
 def _env_is_set(opt: _Option, environ: Mapping[str, str]) -> bool:
     return opt.env is not None and (opt.env in environ or (opt.kind == "paired" and _no_env(opt.env) in environ))
+
+
+# Every variable an option reads, LLAMA_ARG_NO_X included: what a Settings keeps of the environment.
+_OPTION_VARIABLES = frozenset(name for opt in _OPTIONS if opt.env
+                              for name in (opt.env, *([_no_env(opt.env)] if opt.kind == "paired" else [])))
+
+PER_MODEL_FIELDS = frozenset(opt.field for opt in _OPTIONS if opt.per_model)
+MODEL_IDENTITY = frozenset({"model", "hf_repo", "alias", "tags"})  # name one model, so never inherited
+MODEL_KIND = frozenset({"embedding", "reranking", "pooling"})  # on the command line: the -m model's kind
 
 
 def _csv(text: str) -> list[str]:
@@ -430,11 +494,23 @@ def _read_command_line(argv: list[str]) -> list[_Arg]:
 class _Resolver:
     """Applies options layer by layer onto a dict of field values, each later application winning."""
 
-    def __init__(self) -> None:
+    def __init__(self, quiet: bool = False) -> None:
         self.values: dict[str, Any] = {}
         # An accumulating option gathers repeats within one layer; a higher layer replaces what it gathered.
         self._filled_by: dict[str, str] = {}
         self._ignored_seen: set[_Option] = set()
+        self._quiet = quiet  # resolving one model: what the server's own parse logged is not logged again
+
+    def copy(self) -> _Resolver:
+        twin = _Resolver(self._quiet)
+        twin.values = copy.deepcopy(self.values)
+        twin._filled_by = dict(self._filled_by)
+        return twin
+
+    def forget(self, fields: Collection[str]) -> None:
+        for field in fields:
+            self.values.pop(field, None)
+            self._filled_by.pop(field, None)
 
     def apply(self, opt: _Option, value: str | bool, layer: str) -> None:
         """value: the text of a value/accumulating option, the on/off state of a flag/paired one."""
@@ -457,47 +533,78 @@ class _Resolver:
         self.values[field].extend(items)
 
     def ignore(self, opt: _Option, spelling: str) -> None:
-        if opt not in self._ignored_seen:
+        if opt not in self._ignored_seen and not self._quiet:
             self._ignored_seen.add(opt)
             logger.info("ignoring %s: not used by mlx-embed-server", spelling)
 
-    def apply_ini(self, path: Path) -> None:
+    def _apply_text(self, opt: _Option, negated: bool, text: str, layer: str) -> None:
+        """An INI value: flags apply whatever it says, as llama does; paired options read it as a boolean."""
+        if opt.kind == "flag":
+            self.apply(opt, True, layer)
+        elif opt.kind == "paired":
+            self.apply(opt, (text in _TRUTHY) != negated, layer)
+        else:
+            self.apply(opt, text, layer)
+
+    def apply_ini(self, path: Path, only: Collection[str] | None = None) -> None:
+        """A config file's global sections (as llama: [*], [default] and keys before any section)."""
         try:
-            sections = parse_ini(path.read_text(encoding="utf-8"), str(path))
-        except (OSError, UnicodeError) as exc:
-            raise SettingsError(f"cannot read config file {path}: {exc}") from None
+            sections = read_ini(path)
         except PresetError as exc:
             raise SettingsError(str(exc)) from None
-        logger.info("using config file: %s", path)
+        if not self._quiet:
+            logger.info("using config file: %s", path)
         layer = f"file:{path}"
-        # As llama: the global section, [default] and keys before any section; other sections are presets.
         for section, entries in sections.items():
-            if section not in ("", "*", "default"):
+            if section not in GLOBAL_SECTIONS:
                 continue
             for entry in entries:
-                if entry.key == "version":  # reserved by llama
+                if entry.key == "version" or entry.key in PRESET_ONLY_KEYS:  # llama's; models.py reads them
                     continue
-                found = _BY_INI_KEY.get(entry.key) or _BY_INI_KEY.get(entry.key.replace("_", "-"))
+                found = _ini_option(entry.key)
                 if found is None:
-                    logger.warning("%s:%d: unknown key %r ignored", path, entry.line, entry.key)
+                    if not self._quiet:
+                        logger.warning("%s:%d: unknown key %r ignored", path, entry.line, entry.key)
                     continue
                 opt, negated = found
                 if opt.field is None:
                     self.ignore(opt, entry.key)
+                elif only is not None and opt.field not in only:
+                    continue
                 elif opt.field == "config":  # config files do not chain
-                    logger.warning("%s:%d: key %r ignored in a config file", path, entry.line, entry.key)
+                    if not self._quiet:
+                        logger.warning("%s:%d: key %r ignored in a config file", path, entry.line, entry.key)
                 else:
                     with _handling(f'key "{entry.key}" in {path} line {entry.line}'):
-                        if opt.kind == "flag":  # applied whatever the value, as llama does
-                            self.apply(opt, True, layer)
-                        elif opt.kind == "paired":
-                            self.apply(opt, (entry.value in _TRUTHY) != negated, layer)
-                        else:
-                            self.apply(opt, entry.value, layer)
+                        self._apply_text(opt, negated, entry.value, layer)
 
-    def apply_env(self, environ: Mapping[str, str]) -> None:
+    def apply_section(self, section: IniSection, *, names_a_model: bool) -> None:
+        """A models preset's [*] or one model's section: per-model options only, and strictly (anything else
+        is an error naming the file, the section and the key)."""
+        layer = f"section:{section.source}:{section.name}"
+        for entry in section.entries:
+            if entry.key == "version":
+                continue
+            where = section.where(entry)
+            found = _ini_option(entry.key)
+            if found is None:
+                raise SettingsError(f"{where}: no such option")
+            opt, negated = found
+            if opt.field is None:  # a llama option without meaning here: accepted, as on the command line
+                continue
+            if not opt.per_model:
+                raise SettingsError(f"{where}: a server-wide option, not a model's; set it on the command line, "
+                                    f"in the environment or in the [*] section of --config")
+            if not names_a_model and opt.field in MODEL_IDENTITY:
+                raise SettingsError(f"{where}: names one model; put it in that model's own section")
+            try:
+                self._apply_text(opt, negated, entry.value, layer)
+            except ValueError as exc:
+                raise SettingsError(f"{where}: {exc}") from None
+
+    def apply_env(self, environ: Mapping[str, str], only: Collection[str] | None = None) -> None:
         for opt in _OPTIONS:
-            if opt.env is None or not _env_is_set(opt, environ):
+            if opt.env is None or not _env_is_set(opt, environ) or (only is not None and opt.field not in only):
                 continue
             with _handling(f'environment variable "{opt.env}"'):
                 if opt.kind == "paired" and _no_env(opt.env) in environ:
@@ -514,12 +621,15 @@ class _Resolver:
                 else:
                     self.apply(opt, text, "env")
 
-    def apply_command_line(self, args: list[_Arg], environ: Mapping[str, str]) -> None:
+    def apply_command_line(self, args: Sequence[_Arg], environ: Mapping[str, str],
+                           only: Collection[str] | None = None) -> None:
         for arg in args:
+            if only is not None and arg.opt.field not in only:
+                continue
             if arg.opt.field is None:
                 self.ignore(arg.opt, arg.spelling)
                 continue
-            if _env_is_set(arg.opt, environ):
+            if _env_is_set(arg.opt, environ) and not self._quiet:
                 logger.warning("warn: %s environment variable is set, but will be overwritten by command line "
                                "argument %s", arg.opt.env, arg.spelling)
             with _handling(f'argument "{arg.spelling}"'):
@@ -547,26 +657,68 @@ def parse_settings(
     resolver = _Resolver()
     if system_config_files is None:
         system_config_files = [SYSTEM_CONFIG_FILE, *filter(None, [_user_config_file(environ)])]
-    for path in system_config_files:
-        if path.is_file():
-            resolver.apply_ini(path)
+    files = [path for path in system_config_files if path.is_file()]
     config_env = _BY_FIELD["config"].env or ""
     config = next((a.value for a in reversed(args) if a.opt.field == "config"), environ.get(config_env))
     if config is not None:
         if not Path(config).is_file():
             raise SettingsError(f"config file not found: {config}")
-        resolver.apply_ini(Path(config))
+        files.append(Path(config))
+    for path in files:
+        resolver.apply_ini(path)
     resolver.apply_env(environ)
     resolver.apply_command_line(args, environ)
+    settings = _build(resolver.values)
+    settings._config_files = tuple(files)
+    settings._command_line = tuple(args)
+    settings._environment = {name: value for name, value in environ.items() if name in _OPTION_VARIABLES}
+    return settings
+
+
+def _build(values: dict[str, Any], where: str = "") -> Settings:
+    """Validate resolved values; `where` prefixes the message (a model's section)."""
     try:
-        return Settings(**resolver.values)
+        return Settings(**values)
     except ValidationError as exc:
         problems = []
         for error in exc.errors():
             opt = _BY_FIELD[str(error["loc"][0])]
             message = str(error["msg"]).removeprefix("Value error, ")
             problems.append(f"invalid value for {', '.join(opt.flags)}: {message}")
-        raise SettingsError("; ".join(problems)) from None
+        raise SettingsError(where + "; ".join(problems)) from None
+
+
+class ModelSettings:
+    """The settings each model of a several-model server runs with, resolved as llama's router does.
+
+    Per-model options, low to high: defaults, the config files' global sections, the models preset's [*], the
+    model's own section, then the environment and the command line. On the command line, -m/-hf/--alias/--tags
+    and --embedding/--reranking/--pooling describe the -m model only; its other per-model options override
+    every model (llama: "command-line arguments have the highest priority"). Server-wide options are the
+    server's own whatever a file says. Files are read when this is made: make a new one to re-read them.
+    """
+
+    def __init__(self, settings: Settings, preset_globals: Sequence[IniSection] = ()) -> None:
+        self._settings = settings
+        self._base = _Resolver(quiet=True)
+        for path in settings._config_files:
+            self._base.apply_ini(path, only=PER_MODEL_FIELDS)
+        for section in preset_globals:
+            self._base.apply_section(section, names_a_model=False)
+
+    def resolve(self, section: IniSection | None) -> Settings:
+        """The settings of the model `section` declares; None: the command line's -m model."""
+        resolver = self._base.copy()
+        only = PER_MODEL_FIELDS
+        if section is not None:
+            resolver.forget(MODEL_IDENTITY)  # a section names its own checkpoint
+            resolver.apply_section(section, names_a_model=True)
+            only = PER_MODEL_FIELDS - MODEL_IDENTITY - MODEL_KIND
+        environment, command_line = self._settings._environment, self._settings._command_line
+        resolver.apply_env(environment, only)
+        resolver.apply_command_line(command_line, environment, only)
+        resolved = _build(resolver.values, f"{section.source}: [{section.name}]: " if section else "")
+        return self._settings.model_copy(update={field: getattr(resolved, field) for field in PER_MODEL_FIELDS})
 
 
 def _shown_default(opt: _Option) -> str:
@@ -607,10 +759,10 @@ def format_help() -> str:
 def option_table() -> list[dict[str, Any]]:
     """One row per option, ignored ones included (group "ignored-for-compatibility").
 
-    Keys: flags (every spelling), env (None if none), config_key, default, help, group, kind.
+    Keys: flags (every spelling), env (None if none), config_key, default, help, group, kind, per_model.
     """
     return [
         {"flags": list(opt.flags + opt.no_flags), "env": opt.env, "config_key": opt.config_key,
-         "default": opt.default, "help": opt.help, "group": opt.group, "kind": opt.kind}
+         "default": opt.default, "help": opt.help, "group": opt.group, "kind": opt.kind, "per_model": opt.per_model}
         for opt in _OPTIONS
     ]

@@ -293,8 +293,8 @@ class Residency:
             return []
         victims = sorted((slot for slot in resident if slot.users == 0), key=lambda slot: slot.last_used)[:excess]
         if len(victims) < excess:
-            log.info("%d models loaded, over --models-max %d: the others are in use", len(resident) - len(victims),
-                     self._max_loaded)
+            log.info("%d models loaded, over the cap of %d until the ones in use are released",
+                     len(resident) - len(victims), self._max_loaded)
         return [engine for slot in victims for engine in self._detach(slot, "least recently used")]
 
     def _detach(self, slot: _Slot, why: str) -> list[Engine]:

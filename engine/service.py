@@ -8,7 +8,6 @@ import threading
 import time
 from collections.abc import Sequence
 
-import mlx.core as mx
 import numpy as np
 
 from engine import blas, checkpoint, limits, pooling, registry, shapes
@@ -36,8 +35,6 @@ class Engine:
         self._in_flight = 0
         self._in_flight_lock = threading.Lock()
         self.load_s: float | None = None  # how long the load took, once it succeeded
-        self._runner: Runner | None = None  # the model; close() drops it
-        self._thread: threading.Thread | None = None  # the engine thread, recorded when it starts loading
         self._closing = False
         self.released = threading.Event()  # set once close() has freed the model's memory
         self._worker = Worker(self._load, BatchLimits(options.max_batch_tokens, options.max_batch_rows),
@@ -45,7 +42,6 @@ class Engine:
 
     # -- loading (runs on the engine thread) -------------------------------------------------------
     def _load(self) -> tuple[Runner, int, BatchLimits]:
-        self._thread = threading.current_thread()
         started = time.monotonic()
         opts = self.options
         blas.set_threads(opts.threads)
@@ -94,13 +90,7 @@ class Engine:
                  ckpt.path, ckpt.model_type, ckpt.architecture or "-", loaded.kind, time.monotonic() - started,
                  mode.value, loaded.n_params, fitted.max_seq, fitted.max_rows, fitted.max_tokens, blas.description)
         self.load_s = time.monotonic() - started
-        self._runner = runner
-        return self._forward, tokenizer.pad_id, fitted
-
-    def _forward(self, ids: np.ndarray, mask: np.ndarray, type_ids: np.ndarray,
-                 lengths: list[int]) -> list[np.ndarray]:
-        # the engine thread calls the model through here, so close() can drop it without touching the worker
-        return self._runner(ids, mask, type_ids, lengths)
+        return runner, tokenizer.pad_id, fitted
 
     @staticmethod
     def _single_token(tokenizer: TextTokenizer, word: str, ckpt: checkpoint.Checkpoint) -> int:
@@ -267,9 +257,10 @@ class Engine:
     def close(self, wait: bool = False) -> None:
         """Stop serving and free the model's memory.
 
-        Waiting inputs are cancelled and the engine stops being loaded at once. Its thread finishes the batch
-        (or the load) it is in and exits; then the weights are dropped and MLX's buffer cache is returned.
-        That last step runs on a helper thread unless `wait`; `released` is set when it is done.
+        Waiting inputs are cancelled and the engine stops being loaded at once. A load in progress finishes
+        first; then the weights are dropped and MLX's buffer cache is returned, on a helper thread unless
+        `wait`; `released` is set when that is done. Callers close an engine no request is using (a batch
+        still computing keeps its arrays until it ends).
         """
         with self._in_flight_lock:
             if self._closing:
@@ -282,9 +273,5 @@ class Engine:
             threading.Thread(target=self._release, name=f"release {self.model_ref}", daemon=True).start()
 
     def _release(self) -> None:
-        self._worker.loaded.wait()  # a load in progress cannot be interrupted; it ends first
-        if self._thread is not None:
-            self._thread.join()
-        self._runner = None
-        mx.clear_cache()  # freed weights sit in MLX's cache until it is cleared
+        self._worker.join()  # a load in progress cannot be interrupted; it ends, then the model is dropped
         self.released.set()

@@ -97,6 +97,10 @@ class Worker:
     def limits(self) -> BatchLimits:
         return self._limits
 
+    def join(self, timeout: float | None = None) -> None:
+        """Wait until the engine thread has stopped serving (after close) and released the model."""
+        self._thread.join(timeout)
+
     def queued(self) -> int:
         with self._cond:
             return len(self._waiting)
@@ -114,8 +118,11 @@ class Worker:
         try:
             self._serve()
         finally:
-            # MLX aborts the process at exit if a thread that ran compiled kernels ends with work pending.
+            # Engine threads are reused (engine/threads.py), so drop the model explicitly and hand MLX's
+            # buffer cache back; then nothing of this engine stays in memory.
+            self._runner = None
             mx.synchronize()
+            mx.clear_cache()
 
     def _serve(self) -> None:
         try:

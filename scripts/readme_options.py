@@ -21,7 +21,7 @@ def _cell(text: object) -> str:
 
 def options_markdown() -> str:
     rows = option_table()
-    lines = ["| flags | env | config key | default | meaning |", "|---|---|---|---|---|"]
+    lines = ["| flags | env | config key | default | per model | meaning |", "|---|---|---|---|---|---|"]
     for row in rows:
         if row["group"] == IGNORED:
             continue
@@ -31,6 +31,7 @@ def options_markdown() -> str:
             f"`{row['env']}`" if row["env"] else "—",
             f"`{row['config_key']}`",
             default,
+            "yes" if row["per_model"] else "",
             _cell(row["help"]),
         ]) + " |")
     ignored = sorted({f for row in rows if row["group"] == IGNORED for f in row["flags"]})

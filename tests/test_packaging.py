@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from compat.models import read_catalog
 from compat.settings import parse_settings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,7 +37,22 @@ def test_installed_package_finds_its_data(installed, tmp_path):
     assert sorted(p.name for p in configs.glob("*.ini")) == sorted(p.name for p in (ROOT / "config").glob("*.ini"))
 
 
+# The example models presets (config/models-*.ini) and the kinds of the models each declares, in order.
+PRESET_KINDS = {
+    "models-embed-rerank.ini": ["embedding", "rerank"],
+    "models-two-embedders.ini": ["embedding", "embedding"],
+    "models-rerank-only.ini": ["rerank", "rerank"],
+}
+
+
 @pytest.mark.parametrize("example", sorted((ROOT / "config").glob("*.ini")), ids=lambda p: p.name)
 def test_example_configs_parse(example):
-    settings = parse_settings(["--config", str(example)], {})
-    assert settings.embedding
+    if example.name.startswith("models-"):
+        settings = parse_settings(["--models-preset", str(example)], {})
+        catalog = read_catalog(settings)
+        assert [spec.kind for spec in catalog.models] == PRESET_KINDS[example.name]
+        assert len({name for spec in catalog.models for name in spec.names}) == sum(
+            len(spec.names) for spec in catalog.models)
+    else:  # a config.ini for the single-model server
+        settings = parse_settings(["--config", str(example)], {})
+        assert settings.embedding and read_catalog(settings) is None

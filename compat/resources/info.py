@@ -8,9 +8,10 @@ from typing import TYPE_CHECKING
 import falcon
 
 from compat.errors import NOT_SUPPORTED, ApiError
+from compat.routing import Models
 from compat.wire.info import (render_health_response, render_models_response, render_props_response,
                               render_slots_response)
-from compat.wire.metrics import prompt_throughput, render_metrics_response
+from compat.wire.metrics import prompt_throughput, render_metrics_response, render_model_metrics
 from engine import Engine
 
 if TYPE_CHECKING:
@@ -60,24 +61,29 @@ class ModelsResource:
 
 
 class SlotsResource:
-    def __init__(self, engine: Engine, settings: Settings):
-        self._engine = engine
+    """Several models: ?model= picks one, as llama's router routes GET requests (else the first model)."""
+
+    def __init__(self, models: Models, settings: Settings):
+        self._models = models
         self._settings = settings
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         if not self._settings.slots:
             raise ApiError(501, NOT_SUPPORTED, SLOTS_DISABLED)
-        n_processing = int(self._engine.stats()["requests_processing"])
-        resp.media = render_slots_response(self._engine.info, n_processing)
+        with self._models.lease(None, lambda: req.get_param("model") or None, count=False) as served:
+            n_processing = int(served.engine.stats()["requests_processing"])
+            resp.media = render_slots_response(served.engine.info, n_processing)
 
     on_head = on_get
 
 
 class MetricsResource:
-    """Keeps the previous scrape's counters: llama's prompt_tokens_seconds covers the time since then."""
+    """Keeps the previous scrape's counters: llama's prompt_tokens_seconds covers the time since then.
 
-    def __init__(self, engine: Engine, settings: Settings, started_unix: int):
-        self._engine = engine
+    Several models: llama's totals summed over them, then each model's own metrics."""
+
+    def __init__(self, models: Models, settings: Settings, started_unix: int):
+        self._models = models
         self._settings = settings
         self._started_unix = started_unix
         self._previous: dict[str, float] | None = None
@@ -87,11 +93,12 @@ class MetricsResource:
         if not self._settings.metrics:
             raise ApiError(501, NOT_SUPPORTED, METRICS_DISABLED)
         with self._lock:
-            stats = dict(self._engine.stats())  # a snapshot: the next scrape measures from here
+            stats = dict(self._models.stats())  # a snapshot: the next scrape measures from here
             throughput = prompt_throughput(stats, self._previous)
             self._previous = stats
+        views = self._models.describe()
         resp.content_type = METRICS_CONTENT_TYPE
         resp.set_header("Process-Start-Time-Unix", str(self._started_unix))
-        resp.text = render_metrics_response(stats, throughput)
+        resp.text = render_metrics_response(stats, throughput) + (render_model_metrics(views) if views else "")
 
     on_head = on_get

@@ -5,8 +5,6 @@ import falcon
 
 from compat.errors import NOT_SUPPORTED, ApiError
 
-RERANK_DISABLED = "This server does not support reranking. Start it with `--reranking`"
-
 
 def not_served_message(route: str) -> str:
     return f"This server serves embeddings and reranking only; {route} is not available"

@@ -30,12 +30,14 @@ def render_health_response() -> dict[str, Any]:
     return {"status": "ok"}
 
 
-def render_props_response(settings: Settings, info: ModelInfo, version: str) -> dict[str, Any]:
+def render_props_response(settings: Settings, info: ModelInfo, version: str,
+                          model_name: str | None = None) -> dict[str, Any]:
+    """model_name: the model's id on a several-model server (else llama's name from the settings)."""
     # media_marker and chat_template_caps are left out: no multimodal input, no chat template
     return {
         "default_generation_settings": {"params": dict(_SAMPLING_DEFAULTS), "n_ctx": info.slot_ctx},
         "total_slots": info.n_slots,
-        "model_alias": settings.model_name,
+        "model_alias": model_name or settings.model_name,
         "model_ftype": info.ftype,
         "model_path": info.path,
         "modalities": {"vision": False, "video": False, "audio": False},
@@ -76,11 +78,16 @@ def render_models_response(settings: Settings, info: ModelInfo, capabilities: li
             "object": "model",
             "created": created,
             "owned_by": "llamacpp",
-            "meta": {"vocab_type": int(info.vocab_type), "n_vocab": info.n_vocab, "n_ctx": info.slot_ctx,
-                     "n_ctx_train": info.n_ctx_train, "n_embd": info.n_embd, "n_params": info.n_params,
-                     "size": info.size_bytes, "ftype": info.ftype},
+            "meta": render_model_meta(info),
         }],
     }
+
+
+def render_model_meta(info: ModelInfo) -> dict[str, Any]:
+    """/v1/models `meta` of a loaded model."""
+    return {"vocab_type": int(info.vocab_type), "n_vocab": info.n_vocab, "n_ctx": info.slot_ctx,
+            "n_ctx_train": info.n_ctx_train, "n_embd": info.n_embd, "n_params": info.n_params,
+            "size": info.size_bytes, "ftype": info.ftype}
 
 
 def render_slots_response(info: ModelInfo, n_processing: int) -> list[dict[str, Any]]:

@@ -5,6 +5,8 @@ mixed-prompt rule (only a leading str part gets special tokens) and validates to
 """
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any, Union
 
 import orjson
@@ -68,3 +70,19 @@ def parse_input_prompts(value: Any) -> list[Prompt]:
     if isinstance(value, (str, dict)):
         return [_subprompt(value)]
     raise bad_request(BAD_ELEMENTS)
+
+
+def lazy_json_object(read: Callable[[], bytes]) -> Callable[[], dict[str, Any]]:
+    """parse_json_object(read()) on the first call, the same object after: a route may need the body's `model`
+    to find its engine before it reads the rest, or (llama's order) check something before parsing at all."""
+    return functools.cache(lambda: parse_json_object(read()))
+
+
+def parse_model_field(body: dict[str, Any]) -> str | None:
+    """The `model` that routes a request on a several-model server: absent, null or "" pick the route's default."""
+    model = body.get("model")
+    if model is None or model == "":
+        return None
+    if not isinstance(model, str):
+        raise bad_request('"model" must be a string naming a served model')
+    return model

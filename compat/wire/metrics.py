@@ -1,7 +1,14 @@
-"""The Prometheus text of /metrics (contract §6.5): every `llamacpp:` metric, in llama-server's order. Pure."""
+"""The Prometheus text of /metrics (contract §6.5): every `llamacpp:` metric, in llama-server's order, then on a
+several-model server the `mlx_embed:` metrics of each model, labelled by its id. Pure."""
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from engine.types import ModelState
+
+if TYPE_CHECKING:
+    from compat.routing import ModelView
 
 # (name, type, help). Generation and speculative-decoding metrics exist for llama's clients and stay 0 here.
 _METRICS = (
@@ -47,3 +54,36 @@ def render_metrics_response(stats: Mapping[str, float], prompt_tokens_seconds: f
         lines += [f"# HELP llamacpp:{name} {help_text}", f"# TYPE llamacpp:{name} {kind}",
                   f"llamacpp:{name} {float(values.get(name, 0)):g}"]
     return "\n".join(lines) + "\n"
+
+
+# (name, type, help, value). Load time is its own gauge: it is never part of a request's queue or compute time.
+_MODEL_METRICS: tuple[tuple[str, str, str, Callable[[ModelView], float]], ...] = (
+    ("requests_total", "counter", "Requests routed to the model.", lambda v: v.usage.requests),
+    ("errors_total", "counter", "Requests to the model that failed.", lambda v: v.usage.errors),
+    ("items_total", "counter", "Inputs embedded or documents scored.", lambda v: v.usage.items),
+    ("tokens_total", "counter", "Tokens of the inputs and document pairs served.", lambda v: v.usage.tokens),
+    ("queue_seconds_total", "counter", "Time inputs waited for the engine thread.", lambda v: v.usage.queue_s),
+    ("compute_seconds_total", "counter", "Forward-pass time spent on the model's requests.",
+     lambda v: v.usage.compute_s),
+    ("loaded", "gauge", "1 while the model is loaded.", lambda v: v.status.state is ModelState.LOADED),
+    ("load_seconds", "gauge", "How long the model's last load took.", lambda v: v.status.load_s or 0.0),
+    ("loaded_bytes", "gauge", "Weight bytes of the model while it is loaded.", lambda v: v.status.loaded_bytes),
+)
+
+
+def render_model_metrics(views: Sequence[ModelView]) -> str:
+    lines = []
+    for name, kind, help_text, value in _MODEL_METRICS:
+        lines += [f"# HELP mlx_embed:{name} {help_text}", f"# TYPE mlx_embed:{name} {kind}"]
+        lines += [f'mlx_embed:{name}{{model="{_label(view.spec.id)}"}} {_number(value(view))}' for view in views]
+    return "\n".join(lines) + "\n"
+
+
+def _label(text: str) -> str:
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _number(value: float) -> str:
+    """Exact: counts print as integers, times in full (llama's 6-digit `:g` would round big counters)."""
+    value = float(value)
+    return str(int(value)) if value.is_integer() else repr(value)

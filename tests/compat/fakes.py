@@ -128,3 +128,12 @@ class FakeEngine:
 
     def stats(self) -> dict[str, float]:
         return {**self.counters, "requests_processing": self.processing, "requests_deferred": 3}
+
+    # -- what engine.Residency uses on top (a several-model server) ---------------------------------------------
+    load_s = 0.125
+
+    def wait_loaded(self, timeout: float | None = None) -> ModelInfo:
+        return self.info
+
+    def close(self, wait: bool = False) -> None:
+        self.is_loaded = False

@@ -247,8 +247,8 @@ def test_paired_flags():
     assert parse(["--truncate", "--no-truncate"]).truncate is False
 
 
-@pytest.mark.parametrize("argv", [["--foo"], ["--foo=1"], ["model.safetensors"], ["--models-preset", "p.ini"],
-                                  ["--models-max", "2"], ["-embedding"], ["--ctx"]])
+@pytest.mark.parametrize("argv", [["--foo"], ["--foo=1"], ["model.safetensors"], ["--models-presets", "p.ini"],
+                                  ["--model-max", "2"], ["-embedding"], ["--ctx"]])
 def test_unknown_argument(argv):
     with pytest.raises(SettingsError) as caught:
         parse(argv)
@@ -486,7 +486,9 @@ def test_option_table():
         name.replace("_", "-") for name in Settings.model_fields}
     assert by_key["ctx-size"] == {
         "flags": ["-c", "--ctx-size"], "env": "LLAMA_ARG_CTX_SIZE", "config_key": "ctx-size", "default": 0,
-        "help": "context size of all slots together; 0 = the model's own", "group": "batching", "kind": "value"}
+        "help": "context size of all slots together; 0 = the model's own", "group": "batching", "kind": "value",
+        "per_model": True}
+    assert not by_key["port"]["per_model"] and not by_key["threads"]["per_model"]
     assert by_key["api-key"]["env"] == "LLAMA_API_KEY"
     assert by_key["embd-normalize"]["env"] is None
     assert by_key["slots"]["flags"] == ["--slots", "--no-slots"]
