@@ -1,6 +1,6 @@
 """Choose the engine's batch token budget by measurement: throughput per --max-batch-tokens value.
 
-    .venv/bin/python benchmarks/batch_budget.py [--texts 256] [--words 12,60]
+    .venv/bin/python -m benchmarks.batch_budget [--texts 256] [--words 12,60,200] [--budgets 512,1024]
 
 Embeds the same texts (submitted together, as concurrent requests would) with each budget and prints
 texts/s and tokens/s as ratios to the smallest budget, in one invocation.
@@ -38,8 +38,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--texts", type=int, default=256)
     parser.add_argument("--words", default="12,60,200")
+    parser.add_argument("--budgets", default="256,512,1024,2048,4096,8192")
     args = parser.parse_args()
-    budgets = [1024, 2048, 4096, 8192, 16384]
+    budgets = [int(b) for b in args.budgets.split(",")]
     for n_words in (int(w) for w in args.words.split(",")):
         batch = texts(args.texts, n_words)
         results = {b: measure(b, 256, batch) for b in budgets}

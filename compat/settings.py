@@ -152,7 +152,7 @@ class Settings(BaseSettings):
     threads: int = option(-1, flags=["-t", "--threads"], env="LLAMA_ARG_THREADS", metavar="N", group="batching",
                           help="CPU threads for the math library; -1 = the library's default")
     max_batch_tokens: int = option(
-        8192, flags=["--max-batch-tokens"], env="LLAMA_ARG_MAX_BATCH_TOKENS", metavar="N", group="batching",
+        512, flags=["--max-batch-tokens"], env="LLAMA_ARG_MAX_BATCH_TOKENS", metavar="N", group="batching",
         per_model=True, help="most rows x padded width in one forward pass (lowered at startup to what fits in memory)")
     max_batch_rows: int = option(64, flags=["--max-batch-rows", "--rows"], env="LLAMA_ARG_MAX_BATCH_ROWS",
                                  metavar="N", group="batching", per_model=True,

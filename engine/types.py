@@ -38,7 +38,7 @@ class EngineOptions:
     ctx_size: int = 0  # llama's -c; 0 = the model's own
     parallel: int = -1  # llama's -np; -1 = auto (4 slots, unified KV)
     truncate: bool = False  # cut over-long inputs instead of refusing them
-    max_batch_tokens: int = 8192  # rows x padded width of one forward pass
+    max_batch_tokens: int = 512  # rows x padded width of one forward pass (benchmarks/batch_budget.py)
     max_batch_rows: int = 64
     max_seq: int = 0  # most tokens per input; 0 = the per-input limit (both fitted to memory at load)
     max_queue_items: int = 4096  # inputs waiting for the engine thread; more is QueueFull

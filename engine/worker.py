@@ -5,10 +5,12 @@ future per item. Inputs from concurrent requests share forward passes (engine/sc
 """
 from __future__ import annotations
 
+import atexit
 import itertools
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
@@ -70,6 +72,7 @@ class Worker:
         self.load_error: BaseException | None = None
         self.stats = WorkerStats()
         self._thread = threads.start(self._main, name)
+        _live.add(self)
 
     # -- request threads -------------------------------------------------------------------------
     def submit(self, token_lists: list[list[int]], deadline: float,
@@ -213,6 +216,20 @@ class Worker:
         for item, value in zip(batch, outputs):
             item.future.set_result(ItemResult(value, launched.started - item.enqueued, elapsed,
                                               self.stats.n_decode_total))
+
+
+# Every worker still serving; at interpreter exit they are stopped and waited for, because MLX can abort the
+# process if it exits while an engine thread is still running kernels or freeing memory.
+_live: weakref.WeakSet[Worker] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_all_at_exit() -> None:
+    workers = list(_live)
+    for worker in workers:
+        worker.close()
+    for worker in workers:
+        worker.join(timeout=10)
 
 
 @dataclass

@@ -37,7 +37,7 @@ def test_defaults():
     assert (s.cors_origins, s.cors_methods, s.cors_headers, s.cors_credentials) == (
         "*", "GET, POST, DELETE, OPTIONS", "*", True)
     assert (s.verbosity, s.log_disable, s.log_file, s.config) == (3, False, None, None)
-    assert (s.max_batch_tokens, s.max_batch_rows, s.max_queue_items) == (8192, 64, 4096)
+    assert (s.max_batch_tokens, s.max_batch_rows, s.max_queue_items) == (512, 64, 4096)
     assert (s.model, s.hf_repo, s.offline, s.alias, s.tags) == (None, None, False, [], [])
     assert s == Settings()
 
