@@ -828,6 +828,10 @@ def write_report(path: Path, argv: list[str], blas_line: str | None, startup_row
         lines += ["Not measured in this run:", ""] + [f"- {v}" for v in notes.values()] + [""]
     lines += ["## Targets", "", "| target | measured | verdict |", "|---|---|---|"]
     lines += [f"| {t.name} | {t.measured} | **{t.verdict()}** |" for t in targets]
+    if any(t.verdict() != "met" for t in targets):
+        lines += ["", "Why a target is missed, with the op-by-op profile that shows where the time goes: "
+                      "[README.md, \"Where the time goes\"](README.md#where-the-time-goes) and "
+                      "[PROFILE.md](PROFILE.md) (`python -m benchmarks.profile_layers`)."]
     lines += ["", "## Startup to ready", "", "| engine | startup s | ratio to ours |", "|---|---:|---:|"]
     lines += [f"| {e} | {s} | {r} |" for e, s, r in startup_rows]
     lines += ["", "## Engine alone: tokens per CPU-second (one thread, pre-tokenized, in-process)", "",
