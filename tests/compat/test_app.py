@@ -35,7 +35,8 @@ def llama_normalize(x: np.ndarray, p: int) -> np.ndarray:
     elif p == 2:
         total = np.sqrt(np.sum(x * x))
     else:
-        total = np.sum(np.abs(x) ** p) ** (1.0 / p)
+        with np.errstate(divide="ignore"):  # negative p over a zero component: inf, as in C
+            total = np.sum(np.abs(x) ** p) ** (1.0 / p)
     return x / total if total > 0 else np.zeros_like(x)
 
 
