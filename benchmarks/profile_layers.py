@@ -17,7 +17,6 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before any BLAS loads: one
 
 import engine  # noqa: E402  (first: it binds OpenBLAS before MLX loads)
 import mlx.core as mx  # noqa: E402
-import numpy as np  # noqa: E402
 from engine import checkpoint, default_model, registry  # noqa: E402
 from engine.families import base  # noqa: E402
 

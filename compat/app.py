@@ -10,14 +10,34 @@ from typing import TYPE_CHECKING
 import falcon
 import orjson
 
-from compat.errors import (JSON_CONTENT_TYPE, ApiError, handle_api_error, handle_engine_error, handle_http_error,
-                           handle_unexpected)
-from compat.middleware import (ApiKeyMiddleware, ApiPrefixMiddleware, CorsMiddleware, LoadingMiddleware,
-                               TimingMiddleware)
+from compat.errors import (
+    JSON_CONTENT_TYPE,
+    ApiError,
+    handle_api_error,
+    handle_engine_error,
+    handle_http_error,
+    handle_unexpected,
+)
+from compat.middleware import (
+    ApiKeyMiddleware,
+    ApiPrefixMiddleware,
+    CorsMiddleware,
+    LoadingMiddleware,
+    TimingMiddleware,
+)
 from compat.resources.embeddings import EmbeddingsResource
-from compat.resources.info import (HealthResource, MetricsResource, ModelsResource, PropsResource,
-                                   SlotsResource)
-from compat.resources.models import ModelActionResource, RouterModelsResource, RouterPropsResource
+from compat.resources.info import (
+    HealthResource,
+    MetricsResource,
+    ModelsResource,
+    PropsResource,
+    SlotsResource,
+)
+from compat.resources.models import (
+    ModelActionResource,
+    RouterModelsResource,
+    RouterPropsResource,
+)
 from compat.resources.rerank import RerankResource
 from compat.resources.tokenize import DetokenizeResource, TokenizeResource
 from compat.resources.unsupported import UnsupportedRouteResource, not_served_message

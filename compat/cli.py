@@ -35,7 +35,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     configure_logging(settings)
-    from compat import server  # imports the engine's threads and the HTTP server once the options are valid
+    from compat import (
+        server,  # imports the engine's threads and the HTTP server once the options are valid
+    )
 
     return server.run(settings, catalog)
 

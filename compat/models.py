@@ -12,8 +12,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from compat.presets import (GLOBAL_SECTIONS, LOAD_ON_STARTUP, PRESET_ONLY_KEYS, IniEntry, IniSection, PresetError,
-                            read_ini)
+from compat.presets import (
+    GLOBAL_SECTIONS,
+    LOAD_ON_STARTUP,
+    PRESET_ONLY_KEYS,
+    IniEntry,
+    IniSection,
+    PresetError,
+    read_ini,
+)
 from compat.settings import ModelSettings, Settings, SettingsError
 from engine.types import EngineOptions, Pooling
 

@@ -17,9 +17,20 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 from pydantic import Field, PrivateAttr, ValidationError, field_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
 
-from compat.presets import GLOBAL_SECTIONS, PRESET_ONLY_KEYS, IniSection, PresetError, config_examples_dir, read_ini
+from compat.presets import (
+    GLOBAL_SECTIONS,
+    PRESET_ONLY_KEYS,
+    IniSection,
+    PresetError,
+    config_examples_dir,
+    read_ini,
+)
 from engine.types import DEFAULT_MODEL_NAME, EngineOptions, Pooling
 
 logger = logging.getLogger(__name__)

@@ -11,8 +11,18 @@ from engine.checkpoint import default_model  # noqa: E402
 from engine.normalize import normalize_embedding  # noqa: E402
 from engine.residency import Lease, Residency  # noqa: E402
 from engine.service import Engine  # noqa: E402
-from engine.types import (DEFAULT_MODEL_NAME, EmbedResult, EngineOptions, ModelInfo, ModelState,  # noqa: E402
-                          Pooling, RerankResult, ResidencyStatus, Timings, VocabType)
+from engine.types import (  # noqa: E402
+                          DEFAULT_MODEL_NAME,
+                          EmbedResult,
+                          EngineOptions,
+                          ModelInfo,
+                          ModelState,
+                          Pooling,
+                          RerankResult,
+                          ResidencyStatus,
+                          Timings,
+                          VocabType,
+)
 
 __all__ = ["DEFAULT_MODEL_NAME", "EmbedResult", "Engine", "EngineOptions", "Lease", "ModelInfo", "ModelState",
            "Pooling", "RerankResult", "Residency", "ResidencyStatus", "Timings", "VocabType", "default_model",

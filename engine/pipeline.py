@@ -11,7 +11,6 @@ import numpy as np
 from engine.pooling import pool
 from engine.types import Pooling
 
-
 Collect = Callable[[], list[np.ndarray]]
 
 

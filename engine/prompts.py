@@ -1,8 +1,8 @@
 """Reranker prompts: the checkpoint's own Jinja template when it ships one, else ours from templates/."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 import importlib.util
+from dataclasses import dataclass
 from pathlib import Path
 
 from jinja2 import TemplateError

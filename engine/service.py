@@ -8,16 +8,31 @@ import threading
 import time
 from collections.abc import Sequence
 
-import numpy as np
-
 from engine import blas, checkpoint, limits, pooling, registry, shapes
-from engine.errors import (EmptyInput, InvalidInput, InvalidTokens, NotLoaded, ReplyTimeout,
-                           UnsupportedCheckpoint)
-from engine.pipeline import CrossEncoderPipeline, EmbeddingPipeline, GenerativeRerankPipeline
+from engine.errors import (
+    EmptyInput,
+    InvalidInput,
+    InvalidTokens,
+    NotLoaded,
+    ReplyTimeout,
+    UnsupportedCheckpoint,
+)
+from engine.pipeline import (
+    CrossEncoderPipeline,
+    EmbeddingPipeline,
+    GenerativeRerankPipeline,
+)
 from engine.prompts import RerankPrompt
 from engine.scheduler import BatchLimits, width_buckets
 from engine.tokenize import TextTokenizer
-from engine.types import EmbedResult, EngineOptions, ModelInfo, Pooling, RerankResult, Timings
+from engine.types import (
+    EmbedResult,
+    EngineOptions,
+    ModelInfo,
+    Pooling,
+    RerankResult,
+    Timings,
+)
 from engine.worker import ItemResult, Runner, Worker
 
 log = logging.getLogger(__name__)

@@ -154,7 +154,9 @@ def _load(checkpoint: Checkpoint) -> Tokenizer:
 def _load_with_transformers(checkpoint: Checkpoint) -> Tokenizer:
     """Only for checkpoints without tokenizer.json (vocab.txt, sentencepiece): convert once at load."""
     try:
-        from transformers import AutoTokenizer  # lazy: heavy, and most checkpoints do not need it
+        from transformers import (
+            AutoTokenizer,  # lazy: heavy, and most checkpoints do not need it
+        )
     except ImportError as exc:
         raise UnsupportedCheckpoint(
             f"{checkpoint.path}: no tokenizer.json; converting its tokenizer needs the transformers package") from exc

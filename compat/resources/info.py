@@ -9,9 +9,17 @@ import falcon
 
 from compat.errors import NOT_SUPPORTED, ApiError
 from compat.routing import Models
-from compat.wire.info import (render_health_response, render_models_response, render_props_response,
-                              render_slots_response)
-from compat.wire.metrics import prompt_throughput, render_metrics_response, render_model_metrics
+from compat.wire.info import (
+    render_health_response,
+    render_models_response,
+    render_props_response,
+    render_slots_response,
+)
+from compat.wire.metrics import (
+    prompt_throughput,
+    render_metrics_response,
+    render_model_metrics,
+)
 from engine import Engine
 
 if TYPE_CHECKING:

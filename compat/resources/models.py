@@ -14,7 +14,11 @@ from compat.routing import ModelRouter
 from compat.settings import SettingsError
 from compat.wire.info import render_props_response
 from compat.wire.inputs import parse_json_object
-from compat.wire.models import parse_model_request, render_router_models_response, render_router_props_response
+from compat.wire.models import (
+    parse_model_request,
+    render_router_models_response,
+    render_router_props_response,
+)
 
 if TYPE_CHECKING:
     from compat.settings import Settings

@@ -5,8 +5,12 @@ import falcon
 
 from compat.routing import Models
 from compat.wire.inputs import lazy_json_object, parse_model_field
-from compat.wire.tokenize import (parse_detokenize_request, parse_tokenize_request, render_detokenize_response,
-                                  render_tokenize_response)
+from compat.wire.tokenize import (
+    parse_detokenize_request,
+    parse_tokenize_request,
+    render_detokenize_response,
+    render_tokenize_response,
+)
 
 
 class TokenizeResource:

@@ -10,7 +10,13 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from engine.errors import UnsupportedCheckpoint
-from engine.families.base import BaseModelArgs, activation, attention, padding_mask, split_heads
+from engine.families.base import (
+    BaseModelArgs,
+    activation,
+    attention,
+    padding_mask,
+    split_heads,
+)
 
 
 @dataclass

@@ -45,13 +45,18 @@ def cosine(a: np.ndarray, b: np.ndarray) -> float:
     return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
-def hf_hidden(model, ids: list[int]) -> np.ndarray:
-    """transformers' last_hidden_state [n, D] for one unpadded input (token types all 0)."""
+def hf_hidden(model, ids: list[int], token_types: bool = True) -> np.ndarray:
+    """transformers' last_hidden_state [n, D] for one unpadded input (token types all 0, where the model has them)."""
     t = torch()
+    extra = {"token_type_ids": t.zeros(1, len(ids), dtype=t.long)} if token_types else {}
     with t.inference_mode():
-        out = model(input_ids=t.tensor([ids]), attention_mask=t.ones(1, len(ids), dtype=t.long),
-                    token_type_ids=t.zeros(1, len(ids), dtype=t.long))
+        out = model(input_ids=t.tensor([ids]), attention_mask=t.ones(1, len(ids), dtype=t.long), **extra)
     return out.last_hidden_state[0].float().numpy()
+
+
+def hf_rows(model, token_lists: list[list[int]]) -> list[np.ndarray]:
+    """hf_hidden per input, for models without token types (XLM-R tokenizers emit none; ModernBERT has none)."""
+    return [hf_hidden(model, ids, token_types=False) for ids in token_lists]
 
 
 def load_hf_model(path: str | os.PathLike, cls_name: str = "AutoModel"):

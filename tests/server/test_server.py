@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import concurrent.futures
-import os
-import tempfile
 import time
 from pathlib import Path
 

@@ -19,7 +19,7 @@ from engine import Pooling, checkpoint, registry
 from engine.errors import UnsupportedCheckpoint
 from engine.families import modernbert
 from tests.conftest import minilm_dir
-from tests.engine.helpers import TOKENIZER_FILES, cosine, load_hf_model, start_engine, torch
+from tests.engine.helpers import TOKENIZER_FILES, cosine, hf_rows, load_hf_model, start_engine, torch
 
 ATOL = 1e-4
 LOCAL_ATTENTION = 16
@@ -84,17 +84,6 @@ def make_random_modernbert(out: Path, architecture: str, *, seed: int, legacy_co
         assert config["global_attn_every_n_layers"] == settings["global_attn_every_n_layers"]
         (out / "config.json").write_text(json.dumps(config), encoding="utf-8")
     assert (out / "model.safetensors").is_file()
-    return out
-
-
-def hf_rows(model, token_lists: list[list[int]]) -> list[np.ndarray]:
-    """transformers' last_hidden_state per unpadded input."""
-    t = torch()
-    out = []
-    with t.inference_mode():
-        for ids in token_lists:
-            h = model(input_ids=t.tensor([ids]), attention_mask=t.ones(1, len(ids), dtype=t.long)).last_hidden_state
-            out.append(h[0].numpy())
     return out
 
 

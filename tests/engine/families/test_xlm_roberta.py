@@ -18,7 +18,7 @@ from engine import Pooling, VocabType, checkpoint, registry
 from engine.errors import UnsupportedCheckpoint
 from engine.families import xlm_roberta
 from tests.conftest import package_folder
-from tests.engine.helpers import cosine, load_hf_model, start_engine, torch
+from tests.engine.helpers import cosine, hf_rows, load_hf_model, start_engine, torch
 
 ATOL = 1e-4
 PAD = 1
@@ -86,17 +86,6 @@ def make_random_xlmr(out: Path, architecture: str, *, seed: int, roberta_process
     model.eval()
     model.save_pretrained(str(out))
     assert (out / "model.safetensors").is_file()
-    return out
-
-
-def hf_rows(model, token_lists: list[list[int]]) -> list[np.ndarray]:
-    """transformers' last_hidden_state per unpadded input (no token types: XLM-R tokenizers emit none)."""
-    t = torch()
-    out = []
-    with t.inference_mode():
-        for ids in token_lists:
-            h = model(input_ids=t.tensor([ids]), attention_mask=t.ones(1, len(ids), dtype=t.long)).last_hidden_state
-            out.append(h[0].numpy())
     return out
 
 
