@@ -172,6 +172,10 @@ class Settings(BaseSettings):
                           per_model=True,
                           help="most tokens per input, also the widest padded shape prepared at startup; "
                                "0 = the per-input limit (positions, -ub, -c), lowered to what fits in memory")
+    half_step_widths: bool = option(
+        False, flags=["--half-step-widths"], kind="paired", env="LLAMA_ARG_HALF_STEP_WIDTHS", group="batching",
+        per_model=True, help="pad rows to 1.5x powers of two as well (8, 12, 16, 24, 32, ...): at most a third of "
+                             "a row is padding instead of half, for twice the shapes prepared at startup")
     max_queue_items: int = option(
         4096, flags=["--max-queue-items"], env="LLAMA_ARG_MAX_QUEUE_ITEMS", metavar="N", group="batching",
         per_model=True, help="most inputs waiting for the model; a request beyond that gets 503")
@@ -290,6 +294,7 @@ class Settings(BaseSettings):
             max_batch_tokens=self.max_batch_tokens,
             max_batch_rows=self.max_batch_rows,
             max_seq=self.max_seq,
+            half_step_widths=self.half_step_widths,
             max_queue_items=self.max_queue_items,
             threads=self.threads,
             rerank_sigmoid=self.rerank_sigmoid,

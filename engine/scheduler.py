@@ -14,21 +14,19 @@ class Waiting(Protocol):
 MIN_WIDTH = 8
 
 
-def padded_width(n_tokens: int, max_seq: int | None = None) -> int:
+def padded_width(n_tokens: int, max_seq: int | None = None, half_steps: bool = False) -> int:
     """Rows are padded to the next power of two (at least 8), capped at max_seq: a handful of shapes,
-    all prepared at startup, serve every length."""
+    all prepared at startup, serve every length. With half_steps, the midpoints between powers of two
+    (12, 24, 48, ...) are buckets too: at most a third of a row is padding instead of half."""
     width = max(MIN_WIDTH, 1 << max(0, n_tokens - 1).bit_length())
+    if half_steps and width > MIN_WIDTH and n_tokens <= width * 3 // 4:
+        width = width * 3 // 4
     return min(width, max_seq) if max_seq and n_tokens <= max_seq else width
 
 
-def width_buckets(max_seq: int) -> list[int]:
+def width_buckets(max_seq: int, half_steps: bool = False) -> list[int]:
     """Every padded width an input of at most max_seq tokens can get."""
-    widths = []
-    width = MIN_WIDTH
-    while width < max_seq:
-        widths.append(width)
-        width *= 2
-    return widths + [max_seq]
+    return sorted({padded_width(n, max_seq, half_steps) for n in range(1, max_seq + 1)})
 
 
 @dataclass(frozen=True)
@@ -36,9 +34,10 @@ class BatchLimits:
     max_tokens: int  # rows x padded width
     max_rows: int
     max_seq: int | None = None  # the widest bucket (None before the model is known)
+    half_steps: bool = False  # buckets at 1.5x powers of two too
 
     def width(self, n_tokens: int) -> int:
-        return padded_width(n_tokens, self.max_seq)
+        return padded_width(n_tokens, self.max_seq, self.half_steps)
 
 
 def next_batch(waiting: Sequence[Waiting], limits: BatchLimits) -> list[int]:

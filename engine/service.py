@@ -89,7 +89,8 @@ class Engine:
         max_input = limits.input_limit(n_positions, opts.ubatch_tokens, slot_ctx if opts.ctx_size > 0 else None)
         if opts.max_seq > 0:
             max_input = min(max_input, opts.max_seq)
-        fitted = shapes.prepare(runner, tokenizer.pad_id, max_input, opts.max_batch_tokens, opts.max_batch_rows)
+        fitted = shapes.prepare(runner, tokenizer.pad_id, max_input, opts.max_batch_tokens, opts.max_batch_rows,
+                                opts.half_step_widths)
         self._tokenizer = tokenizer
         self._info = ModelInfo(
             path=str(ckpt.path), model_type=ckpt.model_type, architecture=ckpt.architecture,
@@ -99,7 +100,7 @@ class Engine:
             truncate_tokens=limits.truncation_length(ckpt.max_seq_length, n_positions, fitted.max_seq),
             slot_ctx=slot_ctx, n_slots=n_slots, bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token,
             kind=loaded.kind, batch_tokens=fitted.max_tokens, batch_rows=fitted.max_rows,
-            widths=tuple(width_buckets(fitted.max_seq)))
+            widths=tuple(width_buckets(fitted.max_seq, fitted.half_steps)))
         log.info("loaded %s (%s, %s, %s) in %.2f s: pooling %s, %d params, per-input limit %d tokens, "
                  "batches of up to %d rows / %d tokens, BLAS: %s",
                  ckpt.path, ckpt.model_type, ckpt.architecture or "-", loaded.kind, time.monotonic() - started,

@@ -28,7 +28,8 @@ def available_memory() -> int:
         return 4 << 30
 
 
-def prepare(runner: Runner, pad_id: int, max_seq: int, max_tokens: int, max_rows: int) -> BatchLimits:
+def prepare(runner: Runner, pad_id: int, max_seq: int, max_tokens: int, max_rows: int,
+            half_steps: bool = False) -> BatchLimits:
     """Warm one row per width bucket, measure its activation memory, and fit the caps to memory.
 
     Activation memory grows linearly with rows, so the one-row peak of the widest bucket bounds how
@@ -36,7 +37,7 @@ def prepare(runner: Runner, pad_id: int, max_seq: int, max_tokens: int, max_rows
     """
     budget = int(available_memory() * MEMORY_SHARE)
     per_row: dict[int, int] = {}
-    for width in width_buckets(max_seq):
+    for width in width_buckets(max_seq, half_steps):
         mx.reset_peak_memory()
         base = mx.get_active_memory()
         ids = np.full((1, width), pad_id, dtype=np.int32)
@@ -54,5 +55,5 @@ def prepare(runner: Runner, pad_id: int, max_seq: int, max_tokens: int, max_rows
     if (fitted_seq, fitted_tokens, fitted_rows) != (max_seq, max_tokens, max_rows):
         log.info("fitted to %d MiB of memory: max_seq %d (asked %d), batch tokens %d (asked %d), rows %d (asked %d)",
                  budget >> 20, fitted_seq, max_seq, fitted_tokens, max_tokens, fitted_rows, max_rows)
-    return BatchLimits(max_tokens=fitted_tokens, max_rows=fitted_rows, max_seq=fitted_seq)
+    return BatchLimits(max_tokens=fitted_tokens, max_rows=fitted_rows, max_seq=fitted_seq, half_steps=half_steps)
 

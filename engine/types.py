@@ -41,6 +41,7 @@ class EngineOptions:
     max_batch_tokens: int = 512  # rows x padded width of one forward pass (benchmarks/batch_budget.py)
     max_batch_rows: int = 64
     max_seq: int = 0  # most tokens per input; 0 = the per-input limit (both fitted to memory at load)
+    half_step_widths: bool = False  # pad to 1.5x powers of two as well (less padding, twice the shapes)
     max_queue_items: int = 4096  # inputs waiting for the engine thread; more is QueueFull
     threads: int = -1  # BLAS threads; <= 0 leaves the library default
     rerank_sigmoid: bool = False  # cross-encoder scores as sigmoid(logit) instead of the raw logit

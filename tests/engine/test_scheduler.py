@@ -129,3 +129,18 @@ def test_invariants_on_random_queues(seed):
             if 0 <= pos < n:
                 grown = max(width, limits.width(items[order[pos]].n_tokens))
                 assert (len(picked) + 1) * grown > limits.max_tokens
+
+
+@pytest.mark.parametrize("n, width", [(8, 8), (9, 12), (12, 12), (13, 16), (17, 24), (25, 32), (33, 48),
+                                      (100, 128), (200, 256), (257, 384), (385, 512)])
+def test_half_step_widths(n, width):
+    assert padded_width(n, half_steps=True) == width
+    assert BatchLimits(4096, 8, max_seq=512, half_steps=True).width(n) == width
+
+
+def test_half_step_buckets_cover_every_length_and_waste_at_most_a_third():
+    buckets = width_buckets(512, half_steps=True)
+    assert buckets == [8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512]
+    for n in range(9, 513):
+        width = padded_width(n, 512, half_steps=True)
+        assert width in buckets and n <= width and (width - n) / width < 1 / 3 + 1e-9

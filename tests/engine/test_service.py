@@ -394,3 +394,16 @@ def test_stats_and_timings(minilm_path):
         assert result.n_tokens == [10, 20]
     finally:
         eng.close()
+
+
+def test_half_step_widths_prepare_more_shapes_and_keep_the_vectors(minilm, minilm_path):
+    half = start_engine(minilm_path, half_step_widths=True)
+    try:
+        assert half.info.widths == (8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+        assert minilm.info.widths == (8, 16, 32, 64, 128, 256, 512)
+        texts = ["word " * n for n in (1, 9, 15, 30, 70, 150)]
+        ids = [minilm.encode_prompt([t]) for t in texts]
+        for a, b in zip(minilm.embed(ids).vectors, half.embed(ids).vectors):
+            np.testing.assert_allclose(a, b, atol=1e-5)  # padding is masked whatever the bucket
+    finally:
+        half.close()
