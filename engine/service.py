@@ -52,8 +52,7 @@ class Engine:
         self.load_s: float | None = None  # how long the load took, once it succeeded
         self._closing = False
         self.released = threading.Event()  # set once close() has freed the model's memory
-        self._worker = Worker(self._load, BatchLimits(options.max_batch_tokens, options.max_batch_rows),
-                              options.max_queue_items)
+        self._worker = Worker(self._load, options.max_queue_items)
 
     # -- loading (runs on the engine thread) -------------------------------------------------------
     def _load(self) -> tuple[Runner, int, BatchLimits]:
@@ -241,23 +240,19 @@ class Engine:
             return ids
         if not truncate:
             self._too_long(len(ids), info)
+        content = {"query": query, "document": document}
         parts = self._prompt.parts(instruction)
-        content = {"query": tok.encode(query, add_special=False), "document": tok.encode(document, add_special=False)}
-        scaffold = sum(len(tok.encode(p.text, add_special=False)) for p in parts if p.kind == "text")
-        budget = info.truncate_tokens - scaffold
+        kinds = [part.kind for part in parts]
+        pieces = [tok.encode(part.text if part.kind == "text" else content[part.kind], add_special=False)
+                  for part in parts]
+        budget = info.truncate_tokens - sum(len(p) for p, kind in zip(pieces, kinds) if kind == "text")
         if budget < 2:
             self._too_long(len(ids), info)
-        n_query, n_doc = len(content["query"]), len(content["document"])
-        while n_query + n_doc > budget:  # longest first, as transformers' truncation does
-            if n_doc >= n_query:
-                n_doc -= 1
-            else:
-                n_query -= 1
-        content = {"query": content["query"][:n_query], "document": content["document"][:n_doc]}
-        out: list[int] = []
-        for part in parts:
-            out.extend(tok.encode(part.text, add_special=False) if part.kind == "text" else content[part.kind])
-        return out
+        keep = {kind: len(p) for p, kind in zip(pieces, kinds) if kind != "text"}
+        while keep["query"] + keep["document"] > budget:  # longest first, as transformers' truncation does
+            longest = "document" if keep["document"] >= keep["query"] else "query"
+            keep[longest] -= 1
+        return [t for p, kind in zip(pieces, kinds) for t in (p if kind == "text" else p[:keep[kind]])]
 
     def _too_long(self, n_tokens: int, info: ModelInfo) -> None:
         """Raise InputTooLong naming whichever limit binds."""

@@ -56,11 +56,11 @@ class WorkerStats:
 
 
 class Worker:
-    def __init__(self, load: Callable[[], tuple[Runner, int, BatchLimits]], limits: BatchLimits,
-                 max_queue_items: int, name: str = "engine"):
+    def __init__(self, load: Callable[[], tuple[Runner, int, BatchLimits]], max_queue_items: int,
+                 name: str = "engine"):
         """`load` runs first on the engine thread and returns (runner, pad token id, fitted batch limits)."""
         self._load = load
-        self._limits = limits
+        self._limits = BatchLimits(max_tokens=1, max_rows=1)  # replaced by the load's before any batch
         self._max_queue = max_queue_items
         self._cond = threading.Condition()
         self._waiting: list[WorkItem] = []
@@ -95,10 +95,6 @@ class Worker:
             self._waiting.extend(items)
             self._cond.notify()
         return items
-
-    @property
-    def limits(self) -> BatchLimits:
-        return self._limits
 
     def join(self, timeout: float | None = None) -> None:
         """Wait until the engine thread has stopped serving (after close) and released the model."""

@@ -38,7 +38,7 @@ class FakeRunner:
 
 def start(runner, limits=BatchLimits(max_tokens=256, max_rows=4), max_queue=1000) -> Worker:
     """A worker whose load returns the fake runner, PAD and `limits` (as fitted at load)."""
-    worker = Worker(lambda: (runner, PAD, limits), BatchLimits(max_tokens=1, max_rows=1), max_queue,
+    worker = Worker(lambda: (runner, PAD, limits), max_queue,
                     name="test-engine")
     assert worker.loaded.wait(10)
     return worker
@@ -215,7 +215,7 @@ def test_submit_before_the_load_finishes():
         assert gate.wait(10)
         return runner, PAD, BatchLimits(256, 4)
 
-    worker = Worker(load, BatchLimits(256, 4), 100)
+    worker = Worker(load, 100)
     try:
         assert not worker.loaded.is_set()
         with pytest.raises(NotLoaded):
@@ -233,7 +233,7 @@ def test_load_failure_is_reported():
     def load():
         raise FileNotFoundError("no weights here")
 
-    worker = Worker(load, BatchLimits(256, 4), 100)
+    worker = Worker(load, 100)
     assert worker.loaded.wait(10)
     assert isinstance(worker.load_error, FileNotFoundError)
     with pytest.raises(NotLoaded):
