@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = parse_settings(sys.argv[1:] if argv is None else argv, os.environ)
         catalog = read_catalog(settings)  # the several models' files: wrong ones stop the start too
     except HelpRequested as help_text:
-        print(str(help_text))
+        print(help_text.text)
         return 0
     except SettingsError as exc:
         print(f"error: {exc}", file=sys.stderr)

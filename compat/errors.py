@@ -68,6 +68,11 @@ def bad_request(message: str) -> ApiError:
     return ApiError(400, INVALID_REQUEST, message)
 
 
+def not_supported(message: str) -> ApiError:
+    """A route or feature this server (as configured) does not serve: llama's 501."""
+    return ApiError(501, NOT_SUPPORTED, message)
+
+
 def not_found() -> TransportError:
     return TransportError(404, NOT_FOUND, "File Not Found")
 
@@ -99,7 +104,7 @@ ENGINE_ERRORS: dict[type[EngineError], Callable[[Any], ApiError]] = {
     ReplyTimeout: lambda e: ApiError(504, TIMEOUT, str(e) or "The request was not served in time"),
     NotLoaded: lambda e: ApiError(503, UNAVAILABLE, "Loading model"),
     LoadFailed: lambda e: ApiError(500, SERVER, str(e)),  # the next request retries the load
-    UnsupportedCheckpoint: lambda e: ApiError(501, NOT_SUPPORTED, str(e)),
+    UnsupportedCheckpoint: lambda e: not_supported(str(e)),
     ForwardFailed: lambda e: ApiError(500, SERVER, str(e) or "The forward pass failed"),
     EngineError: lambda e: ApiError(500, SERVER, str(e) or type(e).__name__),
 }

@@ -38,6 +38,7 @@ class CorsMiddleware:
 
     def __init__(self, settings: Settings):
         self._origins = settings.cors_origins
+        self._listed = [o.strip() for o in settings.cors_origins.split(",") if o.strip()]
         self._credentials = settings.cors_credentials
         self._preflight = {
             "Access-Control-Allow-Credentials": "true" if settings.cors_credentials else "false",
@@ -54,7 +55,9 @@ class CorsMiddleware:
             except ValueError:  # a malformed Origin is simply not local
                 host = None
             return origin if host in _LOCAL_HOSTS else None
-        return self._origins
+        if origin in self._listed:
+            return origin  # one of several allowed origins: a browser accepts only its own in the header
+        return self._listed[0] if len(self._listed) == 1 else None  # llama sends a single configured origin
 
     def process_request(self, req: falcon.Request, resp: falcon.Response) -> None:
         allowed = self._allow_origin(req.get_header("Origin"))

@@ -21,14 +21,13 @@ from compat.presets import (
     PresetError,
     read_ini,
 )
-from compat.settings import ModelSettings, Settings, SettingsError
+from compat.settings import FALSEY, TRUTHY, ModelSettings, Settings, SettingsError
 from engine.types import EngineOptions, Pooling
 
 Kind = Literal["embedding", "rerank"]
 EMBEDDING: Kind = "embedding"
 RERANK: Kind = "rerank"
 
-_TRUTHY = ("on", "enabled", "true", "1")  # llama's, for the preset-only booleans
 _REPOSITORY = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+(?::[\w.-]+)?")  # org/name[:quant]
 
 
@@ -176,9 +175,9 @@ def _without_preset_keys(section: IniSection) -> IniSection:
 
 
 def _flag(section: IniSection, entry: IniEntry) -> bool:
-    if entry.value not in _TRUTHY and entry.value not in ("off", "disabled", "false", "0"):
+    if entry.value not in TRUTHY and entry.value not in FALSEY:
         raise SettingsError(f"{section.where(entry)}: expected true or false, not {entry.value!r}")
-    return entry.value in _TRUTHY
+    return entry.value in TRUTHY
 
 
 def _check_names(specs: list[ModelSpec]) -> None:

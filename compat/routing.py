@@ -11,14 +11,16 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from compat.errors import NOT_SUPPORTED, ApiError, bad_request
+from compat.errors import bad_request, not_supported
 from compat.models import EMBEDDING, RERANK, Catalog, Kind, ModelSpec, read_catalog
 from compat.settings import Settings, SettingsError
 from engine import Engine, Residency
+from engine.errors import NotLoaded, ReplyTimeout
 from engine.types import EmbedResult, ModelState, Pooling, RerankResult, ResidencyStatus
 
 log = logging.getLogger(__name__)
@@ -83,7 +85,13 @@ class Served:
     engine: Engine
     settings: Settings
     name: str
+    deadline: float  # time.monotonic() by which the request must be answered (-to/--timeout after it arrived)
     usage: UsageCounter | None = None  # counted (several-model server, inference routes)
+
+    @property
+    def remaining_s(self) -> float:
+        """What is left of the request's deadline, for the engine (waiting for a lazy load used some)."""
+        return max(0.0, self.deadline - time.monotonic())
 
     def record(self, result: EmbedResult | RerankResult) -> None:
         if self.usage is not None:
@@ -102,8 +110,6 @@ class ModelView:
 class SingleModel:
     """One engine for everything, exactly as llama-server without a router."""
 
-    several = False
-
     def __init__(self, engine: Engine, settings: Settings):
         self._engine = engine
         self._settings = settings
@@ -112,11 +118,12 @@ class SingleModel:
     def lease(self, kind: Kind | None, requested: RequestedModel, *, count: bool = True) -> Iterator[Served]:
         """`requested` is never read: the model is only echoed. 501 for a route the flags did not enable."""
         if kind == EMBEDDING and not self._settings.embedding:
-            raise ApiError(501, NOT_SUPPORTED, EMBEDDINGS_DISABLED)
+            raise not_supported(EMBEDDINGS_DISABLED)
         # llama serves rerank only with --embedding AND a CLI pooling of rank (§4.1); --reranking sets both
         if kind == RERANK and not (self._settings.embedding and self._settings.pooling is Pooling.RANK):
-            raise ApiError(501, NOT_SUPPORTED, RERANK_DISABLED)
-        yield Served(self._engine, self._settings, self._settings.model_name)
+            raise not_supported(RERANK_DISABLED)
+        yield Served(self._engine, self._settings, self._settings.model_name,
+                     time.monotonic() + self._settings.timeout)
 
     def stats(self) -> dict[str, float]:
         return self._engine.stats()
@@ -128,19 +135,12 @@ class SingleModel:
 class ModelRouter:
     """Several models behind one server, loaded and unloaded by a Residency."""
 
-    several = True
-
     def __init__(self, settings: Settings, residency: Residency, catalog: Catalog):
         self._settings = settings
         self._residency = residency
         self._lock = threading.Lock()  # one reload at a time
-        self._catalog = catalog
         self._usage: dict[str, UsageCounter] = {}
         self._install(catalog)
-
-    @property
-    def catalog(self) -> Catalog:
-        return self._catalog
 
     # -- requests ---------------------------------------------------------------------------------------------
     @contextmanager
@@ -153,9 +153,15 @@ class ModelRouter:
         usage = self._usage.get(spec.id) if count else None
         if usage is not None:
             usage.started()
+        timeout = self._settings.timeout
+        deadline = time.monotonic() + timeout
         try:
-            with self._residency.acquire(spec.options, timeout_s=self._settings.timeout) as engine:
-                yield Served(engine, spec.settings, spec.id, usage)
+            try:
+                lease = self._residency.acquire(spec.options, timeout_s=timeout)
+            except NotLoaded as exc:  # the load outlasted the request's deadline
+                raise ReplyTimeout(f"model '{spec.id}' did not finish loading within {timeout:g} s") from exc
+            with lease as engine:
+                yield Served(engine, spec.settings, spec.id, deadline, usage)
         except Exception as exc:
             if usage is not None:
                 usage.failed(exc)
@@ -166,7 +172,7 @@ class ModelRouter:
         if requested is None:
             spec = catalog.first(kind)
             if spec is None:
-                raise ApiError(501, NOT_SUPPORTED, _NONE_OF_KIND[kind])  # kind None: a catalog is never empty
+                raise not_supported(_NONE_OF_KIND[kind])  # kind None: a catalog is never empty
             return spec
         spec = self.named(requested)
         if kind is not None and spec.kind != kind:
@@ -195,7 +201,7 @@ class ModelRouter:
             raise bad_request("model is not running")
         self._residency.unload(spec.options)
 
-    def reload(self) -> Catalog:
+    def reload(self) -> None:
         """Re-read the configuration (SIGHUP, POST /models?reload=1). New models appear, removed ones stop being
         routable and unload once idle, changed ones get a new engine; requests in flight finish on the engine
         they leased. A wrong configuration raises SettingsError and the old one stays."""
@@ -205,7 +211,6 @@ class ModelRouter:
                 raise SettingsError("the configuration now names no models; keeping the previous ones")
             self._install(catalog)
         log.info("reloaded the configuration: serving %s", ", ".join(catalog.ids))
-        return catalog
 
     def _install(self, catalog: Catalog) -> None:
         self._usage = {spec.id: self._usage.get(spec.id) or UsageCounter() for spec in catalog.models}

@@ -119,19 +119,21 @@ class Settings(BaseSettings):
                            per_model=True, help="use only the local Hugging Face cache, never the network")
     alias: list[str] = option(
         [], flags=["-a", "--alias"], kind="accumulating", env="LLAMA_ARG_ALIAS", metavar="STRING", group="model",
-        per_model=True, help="model name aliases, comma-separated; the API reports the alphabetically first")
+        per_model=True, help="model name aliases, comma-separated; one model: the API reports the alphabetically first; "
+                                 "several: requests may name the model by any of them")
     tags: list[str] = option([], flags=["--tags"], kind="accumulating", env="LLAMA_ARG_TAGS", metavar="STRING",
                              group="model", per_model=True, help="model tags, comma-separated, reported by /v1/models")
 
     embedding: bool = option(False, flags=["--embedding", "--embeddings"], kind="flag",
                              env="LLAMA_ARG_EMBEDDINGS", group="embeddings", per_model=True,
-                             help="serve the embedding routes (without it they answer 501, as in llama-server)")
+                             help="serve the embedding routes (one model: without it they answer 501, as in llama-server)")
     pooling: Pooling | None = option(
         None, flags=["--pooling"], env="LLAMA_ARG_POOLING", metavar="{none,mean,cls,last,rank,max}",
         group="embeddings", per_model=True, help="pooling type; unset = the model's own (max is our extension)")
     embd_normalize: int = option(
         2, flags=["--embd-normalize"], metavar="N", group="embeddings", per_model=True,
-        help="normalization of /embedding vectors: -1 none, 0 max absolute, 1 taxicab, 2 Euclidean, >2 p-norm")
+        help="default normalization of pooled vectors on every embedding route (a request's embd_normalize "
+             "overrides it): -1 none, 0 max absolute, 1 taxicab, 2 Euclidean, >2 p-norm")
     reranking: bool = option(
         False, flags=["--reranking", "--rerank"], kind="flag", env="LLAMA_ARG_RERANKING", group="embeddings",
         per_model=True, implies={"embedding": True, "pooling": Pooling.RANK.value},
@@ -146,7 +148,7 @@ class Settings(BaseSettings):
     rerank_instruction: str | None = option(
         None, flags=["--rerank-instruction"], env="LLAMA_ARG_RERANK_INSTRUCTION", metavar="TEXT",
         group="embeddings", per_model=True,
-        help="generative rerankers: the <Instruct> task text (default: the model card's web search instruction); "
+        help="generative rerankers: the <Instruct> task text; unset = the model card's web search instruction; "
              "a request's 'instruction' overrides it")
 
     ctx_size: int = option(0, flags=["-c", "--ctx-size"], env="LLAMA_ARG_CTX_SIZE", metavar="N",
@@ -154,10 +156,10 @@ class Settings(BaseSettings):
                            help="context size of all slots together; 0 = the model's own")
     batch_size: int = option(2048, flags=["-b", "--batch-size"], env="LLAMA_ARG_BATCH", metavar="N",
                              group="batching", per_model=True,
-                             help="logical batch size (the input limit is min(-b, -ub))")
+                             help="logical batch size; in embedding mode it lowers -ub when smaller, as in llama-server")
     ubatch_size: int = option(512, flags=["-ub", "--ubatch-size"], env="LLAMA_ARG_UBATCH", metavar="N",
                               group="batching", per_model=True,
-                              help="physical batch size: the most tokens one input may have")
+                              help="physical batch size: one limit on the tokens of one input (with positions, -c and --max-seq)")
     parallel: int = option(-1, flags=["-np", "--parallel"], env="LLAMA_ARG_N_PARALLEL", metavar="N",
                            group="batching", per_model=True, help="number of server slots; -1 = auto (4)")
     threads: int = option(-1, flags=["-t", "--threads"], env="LLAMA_ARG_THREADS", metavar="N", group="batching",
@@ -200,9 +202,11 @@ class Settings(BaseSettings):
     threads_http: int = option(-1, flags=["--threads-http"], env="LLAMA_ARG_THREADS_HTTP", metavar="N",
                                group="http", help="threads serving HTTP requests; -1 = auto")
     timeout: int = option(3600, flags=["-to", "--timeout"], env="LLAMA_ARG_TIMEOUT", metavar="N", group="http",
-                          help="server read/write timeout in seconds")
+                          help="HTTP read/write timeout in seconds, also each request's deadline (a lazy model load included; "
+                               "504 when it passes)")
     cors_origins: str = option("*", flags=["--cors-origins"], env="LLAMA_ARG_CORS_ORIGINS", metavar="ORIGINS",
-                               group="http", help="allowed CORS origins, comma-separated")
+                               group="http", help="allowed CORS origins: * (any), localhost (localhost, 127.0.0.1 and ::1 "
+                                                   "only) or a comma-separated list of origins")
     cors_methods: str = option(
         "GET, POST, DELETE, OPTIONS", flags=["--cors-methods"], env="LLAMA_ARG_CORS_METHODS", metavar="METHODS",
         group="http", help="allowed CORS methods")
@@ -320,8 +324,8 @@ _IGNORED_FLAGS = (
 # Options whose value may be left out: the next argument is taken only if it is one of these.
 _IGNORED_OPTIONAL_VALUE = {"--log-colors": ("on", "off", "auto")}
 
-_TRUTHY = ("on", "enabled", "true", "1")
-_FALSEY = ("off", "disabled", "false", "0")
+TRUTHY = ("on", "enabled", "true", "1")  # llama.cpp's words, exact and case-sensitive
+FALSEY = ("off", "disabled", "false", "0")
 _STOI = re.compile(r"[ \t\n\v\f\r]*([+-]?[0-9]+)")
 
 
@@ -558,7 +562,7 @@ class _Resolver:
         if opt.kind == "flag":
             self.apply(opt, True, layer)
         elif opt.kind == "paired":
-            self.apply(opt, (text in _TRUTHY) != negated, layer)
+            self.apply(opt, (text in TRUTHY) != negated, layer)
         else:
             self.apply(opt, text, layer)
 
@@ -628,12 +632,12 @@ class _Resolver:
                     continue
                 text = environ[opt.env]
                 if opt.kind == "flag":
-                    if text in _TRUTHY:  # anything else is silently ignored, as llama does
+                    if text in TRUTHY:  # anything else is silently ignored, as llama does
                         self.apply(opt, True, "env")
                 elif opt.kind == "paired":
-                    if text not in _TRUTHY and text not in _FALSEY:
+                    if text not in TRUTHY and text not in FALSEY:
                         raise ValueError("invalid boolean value")
-                    self.apply(opt, text in _TRUTHY, "env")
+                    self.apply(opt, text in TRUTHY, "env")
                 else:
                     self.apply(opt, text, "env")
 

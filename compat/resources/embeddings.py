@@ -5,7 +5,7 @@ import time
 
 import falcon
 
-from compat.errors import INVALID_REQUEST, ApiError
+from compat.errors import bad_request
 from compat.models import EMBEDDING
 from compat.routing import Models
 from compat.wire.embeddings import parse_embeddings_request, render_embeddings_response
@@ -26,13 +26,13 @@ class EmbeddingsResource:
             engine, settings = served.engine, served.settings
             # single model: llama checks this before reading the body, so it wins over bad JSON and `content`
             if self._oai and engine.info.pooling is Pooling.NONE:
-                raise ApiError(400, INVALID_REQUEST, POOLING_NONE_OAI)
+                raise bad_request(POOLING_NONE_OAI)
             request = parse_embeddings_request(body(), oai_route=self._oai, default_normalize=settings.embd_normalize)
             # tokenize here, on the request thread, so the engine thread only runs forward passes
             started = time.perf_counter()
             token_lists = [engine.encode_prompt(prompt) for prompt in request.prompts]
             tokenize_s = time.perf_counter() - started
-            result = engine.embed(token_lists, truncate=request.truncate, timeout_s=settings.timeout)
+            result = engine.embed(token_lists, truncate=request.truncate, timeout_s=served.remaining_s)
             served.record(result)
         req.context.timings = Timings(tokenize_s=tokenize_s + result.timings.tokenize_s,
                                       queue_s=result.timings.queue_s, inference_s=result.timings.inference_s)

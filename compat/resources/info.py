@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import falcon
 
-from compat.errors import NOT_SUPPORTED, ApiError
+from compat.errors import not_supported
 from compat.routing import Models
 from compat.wire.info import (
     render_health_response,
@@ -51,7 +51,7 @@ class PropsResource:
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         if not self._settings.props:
-            raise ApiError(501, NOT_SUPPORTED, PROPS_DISABLED)
+            raise not_supported(PROPS_DISABLED)
         resp.media = {"success": True}  # nothing is changeable; llama's POST /props is a no-op too
 
 
@@ -77,7 +77,7 @@ class SlotsResource:
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         if not self._settings.slots:
-            raise ApiError(501, NOT_SUPPORTED, SLOTS_DISABLED)
+            raise not_supported(SLOTS_DISABLED)
         with self._models.lease(None, lambda: req.get_param("model") or None, count=False) as served:
             n_processing = int(served.engine.stats()["requests_processing"])
             resp.media = render_slots_response(served.engine.info, n_processing)
@@ -99,7 +99,7 @@ class MetricsResource:
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         if not self._settings.metrics:
-            raise ApiError(501, NOT_SUPPORTED, METRICS_DISABLED)
+            raise not_supported(METRICS_DISABLED)
         with self._lock:
             stats = dict(self._models.stats())  # a snapshot: the next scrape measures from here
             throughput = prompt_throughput(stats, self._previous)

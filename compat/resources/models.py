@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import falcon
 
-from compat.errors import NOT_SUPPORTED, ApiError, bad_request
+from compat.errors import bad_request, not_supported
 from compat.resources.info import PROPS_DISABLED
 from compat.routing import ModelRouter
 from compat.settings import SettingsError
@@ -43,7 +43,7 @@ class RouterModelsResource:
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         if not req.get_param("reload"):
-            raise ApiError(501, NOT_SUPPORTED, NO_DOWNLOADS)
+            raise not_supported(NO_DOWNLOADS)
         self.on_get(req, resp)
 
     def _reload(self) -> None:
@@ -85,5 +85,5 @@ class RouterPropsResource:
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         if not self._settings.props:
-            raise ApiError(501, NOT_SUPPORTED, PROPS_DISABLED)
+            raise not_supported(PROPS_DISABLED)
         resp.media = {"success": True}  # a no-op, as llama's

@@ -21,7 +21,7 @@ class RerankResource:
         with self._models.lease(RERANK, lambda: parse_model_field(body())) as served:
             request = parse_rerank_request(body(), cohere_v2=self._cohere_v2)
             result = served.engine.rerank(request.query, request.texts, truncate=request.truncate,
-                                          instruction=request.instruction, timeout_s=served.settings.timeout)
+                                          instruction=request.instruction, timeout_s=served.remaining_s)
             served.record(result)
         req.context.timings = result.timings
         resp.media = render_rerank_response(request, result, served.name, response_id=str(uuid.uuid4()))

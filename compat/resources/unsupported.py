@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import falcon
 
-from compat.errors import NOT_SUPPORTED, ApiError
+from compat.errors import not_supported
 
 
 def not_served_message(route: str) -> str:
@@ -15,4 +15,4 @@ class UnsupportedRouteResource:
         self._message = message
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
-        raise ApiError(501, NOT_SUPPORTED, self._message)
+        raise not_supported(self._message)

@@ -32,7 +32,7 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
     return body
 
 
-def _is_token(value: Any) -> bool:
+def is_token(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)  # JSON true/false are not token ids
 
 
@@ -40,7 +40,7 @@ def parse_mixed_prompt(value: Any) -> Prompt:
     """A string, or a list of strings and token ids, as ONE prompt (llama's tokenize_mixed)."""
     if isinstance(value, str):
         return [value]
-    if isinstance(value, list) and all(isinstance(part, str) or _is_token(part) for part in value):
+    if isinstance(value, list) and all(isinstance(part, str) or is_token(part) for part in value):
         return list(value)
     raise bad_request(BAD_ELEMENTS)
 
@@ -64,7 +64,7 @@ def parse_input_prompts(value: Any) -> list[Prompt]:
     if isinstance(value, list):
         if not value:
             raise bad_request(EMPTY_PROMPT)
-        if any(_is_token(part) for part in value):
+        if any(is_token(part) for part in value):
             return [parse_mixed_prompt(value)]
         return [_subprompt(element) for element in value]
     if isinstance(value, (str, dict)):

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from compat.errors import bad_request
-from compat.wire.inputs import Prompt, parse_mixed_prompt
+from compat.wire.inputs import Prompt, is_token, parse_mixed_prompt
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ def render_tokenize_response(ids: Sequence[int], pieces: Sequence[str | list[int
 
 def parse_detokenize_request(body: dict[str, Any]) -> list[int]:
     tokens = body.get("tokens", [])
-    if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+    if not isinstance(tokens, list) or not all(is_token(t) for t in tokens):
         raise bad_request('"tokens" must be a list of token ids')
     return tokens
 

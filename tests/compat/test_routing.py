@@ -14,7 +14,7 @@ from compat.models import read_catalog
 from compat.routing import ModelRouter
 from compat.settings import parse_settings
 from engine import Residency
-from engine.errors import CheckpointNotFound
+from engine.errors import CheckpointNotFound, NotLoaded
 from engine.types import EngineOptions, Pooling
 from tests.compat.fakes import FakeEngine
 
@@ -45,6 +45,16 @@ class BrokenEngine(FakeEngine):
         raise CheckpointNotFound("/models/ce: not a Hugging Face model folder (no config.json)")
 
 
+class SlowLoadingEngine(FakeEngine):
+    """Still loading when the request's deadline passes."""
+
+    def __init__(self, **kw):
+        super().__init__(loaded=False, **kw)
+
+    def wait_loaded(self, timeout=None):
+        raise NotLoaded("the model is still loading")
+
+
 class Engines:
     """The engine factory: fake engines by folder name, gated or broken when a test says so."""
 
@@ -52,11 +62,13 @@ class Engines:
         self.made: list[tuple[EngineOptions, FakeEngine]] = []
         self.gated: set[str] = set()
         self.broken: set[str] = set()
+        self.slow: set[str] = set()
 
     def __call__(self, options: EngineOptions) -> FakeEngine:
         name = Path(options.model_path).name
         kind = "cross-encoder" if options.pooling is Pooling.RANK else "embedder"
-        cls = BrokenEngine if name in self.broken else GatedEngine if name in self.gated else FakeEngine
+        cls = (BrokenEngine if name in self.broken else GatedEngine if name in self.gated
+               else SlowLoadingEngine if name in self.slow else FakeEngine)
         engine = cls(kind=kind)
         self.made.append((options, engine))
         return engine
@@ -275,3 +287,11 @@ def test_the_single_model_server_only_echoes_model_and_has_no_model_management(m
     assert res.status_code == 200 and res.json["model"] == "text-embedding-3-small"
     assert client.simulate_post("/models/load", json={"model": "x"}).status_code == 404
     assert "mlx_embed:" not in make_client("--embedding", "--metrics").simulate_get("/metrics").text
+
+
+def test_a_load_outlasting_the_timeout_is_a_504_not_a_503(server):
+    server.engines.slow.add("tiny")
+    res = server.embed("tiny")
+    assert res.status_code == 504
+    assert res.json["error"]["message"] == "model 'tiny' did not finish loading within 3600 s"
+    assert server.embed("minilm").status_code == 200  # other models are not held up
