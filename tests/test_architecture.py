@@ -9,19 +9,30 @@ ENGINE_FORBIDDEN = ("compat", "falcon", "waitress", "pydantic_settings", "orjson
 COMPAT_ALLOWED_ENGINE = {"engine", "engine.types", "engine.errors"}
 
 
+def _package(path: Path) -> list[str]:
+    return list(path.relative_to(ROOT).with_suffix("").parts[:-1])
+
+
 def _imports(path: Path) -> list[str]:
+    """Absolute module names imported, relative imports resolved against the file's package."""
     names = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
             names += [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.append(node.module)
+        elif isinstance(node, ast.ImportFrom):
+            base = _package(path)[: len(_package(path)) - node.level + 1] if node.level else []
+            names.append(".".join([*base, *([node.module] if node.module else [])]))
     return names
 
 
 def _reads(path: Path, attr: str, owner: str) -> bool:
+    """`owner.attr`, `from owner import attr`, or (for os.environ) os.getenv."""
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Attribute) and node.attr == attr and getattr(node.value, "id", None) == owner:
+        if isinstance(node, ast.Attribute) and getattr(node.value, "id", None) == owner and (
+                node.attr == attr or (attr == "environ" and node.attr == "getenv")):
+            return True
+        if isinstance(node, ast.ImportFrom) and node.module == owner and any(
+                a.name in (attr, "getenv") for a in node.names):
             return True
     return False
 

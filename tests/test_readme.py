@@ -10,8 +10,6 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from readme_options import options_markdown  # noqa: E402
 
-from compat.settings import option_table  # noqa: E402
-
 
 def _readme() -> str:
     return (ROOT / "README.md").read_text(encoding="utf-8")
@@ -21,17 +19,6 @@ def test_options_table_matches_the_declaration():
     block = re.search(r"<!-- options:begin[^>]*-->\n(.*?)<!-- options:end -->", _readme(), re.S)
     assert block, "README has no options block"
     assert block.group(1) == options_markdown()
-
-
-def test_every_option_flag_env_and_key_is_in_the_readme():
-    text = _readme()
-    for row in option_table():
-        for flag in row["flags"]:
-            assert f"`{flag}`" in text
-        if row["group"] != "ignored-for-compatibility":
-            assert f"`{row['config_key']}`" in text
-            if row["env"]:
-                assert f"`{row['env']}`" in text
 
 
 def test_ci_runs_the_readme_test_command():

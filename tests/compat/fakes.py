@@ -72,7 +72,7 @@ class FakeEngine:
                 ids.append(part)
                 continue
             words = [word_id(w) for w in part.split()]
-            self._words.update(zip(words, part.split()))
+            self._words.update(zip(words, part.split(), strict=True))
             ids += [CLS, *words, SEP] if i == 0 and add_special else words
         return ids
 

@@ -352,7 +352,7 @@ def test_llama_shape_nests_pooled_vectors(client, path, field):
     assert res.status_code == 200
     body = res.json
     assert isinstance(body, list) and len(body) == 2
-    for i, (item, ids) in enumerate(zip(body, ([CLS, A, SEP], [CLS, HELLO, SEP]))):
+    for i, (item, ids) in enumerate(zip(body, ([CLS, A, SEP], [CLS, HELLO, SEP]), strict=True)):
         assert list(item) == ["index", "embedding"]
         assert item["index"] == i
         assert len(item["embedding"]) == 1  # one level deeper than OAI, base64 ignored
@@ -392,19 +392,24 @@ def test_base64_round_trips_to_the_float_vector(client):
     floats = client.simulate_post("/v1/embeddings", json={"input": ["a", "hello"]}).json["data"]
     res = client.simulate_post("/v1/embeddings", json={"input": ["a", "hello"], "encoding_format": "base64"})
     assert res.status_code == 200
-    for item, float_item in zip(res.json["data"], floats):
+    for item, float_item in zip(res.json["data"], floats, strict=True):
         assert list(item) == ["embedding", "index", "object", "encoding_format"]
         assert item["encoding_format"] == "base64"
         raw = base64.b64decode(item["embedding"], validate=True)
         assert len(item["embedding"]) % 4 == 0
         decoded = np.frombuffer(raw, dtype="<f4")
         assert decoded.tolist() == float_item["embedding"]  # float32 widened to double, exactly
+    for item, ids in zip(res.json["data"], ([CLS, A, SEP], [CLS, HELLO, SEP]), strict=True):
+        expected = llama_normalize(pooled_vector(ids), 2)
+        np.testing.assert_allclose(np.frombuffer(base64.b64decode(item["embedding"]), dtype="<f4"), expected,
+                                   rtol=2e-6, atol=1e-7)
 
 
 @pytest.mark.parametrize("p", [-1, 0, 1, 2, 3, -2, 5])
 def test_embd_normalize_matches_llama_formulas(client, p):
     res = client.simulate_post("/embeddings", json={"input": ["a b", "hello"], "embd_normalize": p})
-    for item, ids in zip(res.json, ([CLS, A, B, SEP], [CLS, HELLO, SEP])):
+    assert res.status_code == 200
+    for item, ids in zip(res.json, ([CLS, A, B, SEP], [CLS, HELLO, SEP]), strict=True):
         expected = llama_normalize(pooled_vector(ids), p)
         np.testing.assert_allclose(item["embedding"][0], expected, rtol=2e-6, atol=1e-7)
     if p == 0:

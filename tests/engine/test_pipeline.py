@@ -91,7 +91,7 @@ def test_minilm_matches_sentence_transformers(minilm_engine, st_model):
     ref = st_model.encode(SENTENCES, batch_size=16, normalize_embeddings=False, convert_to_numpy=True)
     assert ref.shape == (len(SENTENCES), 384)
     worst_cos, worst_abs = 1.0, 0.0
-    for text, a, b in zip(SENTENCES, ours, ref):
+    for text, a, b in zip(SENTENCES, ours, ref, strict=True):
         assert a.dtype == np.float32 and a.shape == (384,)
         c = cosine(a, b)
         assert c >= 0.999999, (text, c)

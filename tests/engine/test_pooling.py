@@ -62,7 +62,7 @@ def test_pooled_vectors_match_transformers(engines, token_lists, hf_states, mode
     eng = engines[mode]
     assert eng.info.pooling is mode  # --pooling overrides MiniLM's 1_Pooling (mean)
     vectors = eng.embed(token_lists).vectors  # one padded batch: pooling must ignore the padding
-    for ids, ours, hidden in zip(token_lists, vectors, hf_states):
+    for ids, ours, hidden in zip(token_lists, vectors, hf_states, strict=True):
         expected = reference_pool(hidden, mode)
         assert ours.shape == (384,)
         assert cosine(ours, expected) >= 0.999999, (mode, len(ids))
@@ -84,7 +84,7 @@ def test_none_returns_every_token_row(engines, token_lists, hf_states):
     eng = engines[Pooling.NONE]
     result = eng.embed(token_lists)
     assert result.n_tokens == [len(ids) for ids in token_lists]
-    for ids, rows, hidden in zip(token_lists, result.vectors, hf_states):
+    for ids, rows, hidden in zip(token_lists, result.vectors, hf_states, strict=True):
         assert rows.dtype == np.float32
         assert rows.shape == (len(ids), 384)
         np.testing.assert_allclose(rows, hidden, rtol=0, atol=1e-4)

@@ -19,7 +19,7 @@ def waiting(*lengths: int, oldest: int = 0) -> list[W]:
     """Inputs with these lengths; `oldest` is the index of the earliest arrival, the rest follow in order."""
     seqs = list(range(1, len(lengths) + 1))
     seqs[oldest] = 0
-    return [W(n, s) for n, s in zip(lengths, seqs)]
+    return [W(n, s) for n, s in zip(lengths, seqs, strict=True)]
 
 
 def lengths_of(items, picked):

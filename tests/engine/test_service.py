@@ -127,7 +127,7 @@ def test_alone_and_in_a_mixed_batch_agree(minilm):
     mixed = minilm.embed(company[:3] + [target] + company[3:]).vectors
     np.testing.assert_allclose(mixed[3], alone, rtol=0, atol=1e-5)
     # every companion equals its own lone embedding too
-    for ids, vec in zip(company[:3] + [target] + company[3:], mixed):
+    for ids, vec in zip(company[:3] + [target] + company[3:], mixed, strict=True):
         np.testing.assert_allclose(vec, minilm.embed([ids]).vectors[0], rtol=0, atol=1e-5)
 
 
@@ -138,7 +138,7 @@ def test_split_into_small_batches_agrees(minilm_path, minilm):
         expected = minilm.embed(token_lists).vectors
         got = small.embed(token_lists).vectors
         assert small.stats()["n_decode_total"] >= 4  # really split (plus nothing else ran on it)
-        for a, b in zip(got, expected):
+        for a, b in zip(got, expected, strict=True):
             np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
     finally:
         small.close()
@@ -172,7 +172,7 @@ def test_concurrent_requests_agree_with_lone_embeddings(minilm, gated_runner):
     lone = {tuple(ids): minilm.embed([ids]).vectors[0] for ids in [target, *company]}
     for mine, vectors in answers:
         assert len(vectors) == 3
-        for ids, vec in zip(mine, vectors):
+        for ids, vec in zip(mine, vectors, strict=True):
             np.testing.assert_allclose(vec, lone[tuple(ids)], rtol=0, atol=1e-5)
 
 
@@ -370,12 +370,13 @@ def test_forward_failure_then_recovery(minilm, monkeypatch):
             raise RuntimeError("simulated out-of-memory")
         return real(*args)
 
-    monkeypatch.setattr(minilm._worker, "_runner", flaky)
     ids = _ids(minilm, "hello")
+    healthy = minilm.embed([ids]).vectors[0]
+    monkeypatch.setattr(minilm._worker, "_runner", flaky)
     with pytest.raises(ForwardFailed, match="simulated out-of-memory"):
         minilm.embed([ids, ids])
     again = minilm.embed([ids])
-    assert again.vectors[0].shape == (384,)
+    np.testing.assert_allclose(again.vectors[0], healthy, atol=1e-6)  # the engine serves on, unchanged
     assert len(calls) == 2
 
 
@@ -388,7 +389,7 @@ def test_stats_and_timings(minilm_path):
         after = eng.stats()
         assert after["prompt_tokens_total"] - before["prompt_tokens_total"] == 30
         assert after["n_decode_total"] - before["n_decode_total"] == 1  # both inputs shared one pass
-        assert after["n_tokens_max"] >= 30
+        assert after["n_tokens_max"] == 30  # a fresh engine: its largest pass is this one
         assert after["requests_processing"] == 0 and after["requests_deferred"] == 0
         assert result.timings.inference_s > 0 and result.timings.queue_s >= 0
         assert result.n_tokens == [10, 20]
@@ -403,7 +404,7 @@ def test_half_step_widths_prepare_more_shapes_and_keep_the_vectors(minilm, minil
         assert minilm.info.widths == (8, 16, 32, 64, 128, 256, 512)
         texts = ["word " * n for n in (1, 9, 15, 30, 70, 150)]
         ids = [minilm.encode_prompt([t]) for t in texts]
-        for a, b in zip(minilm.embed(ids).vectors, half.embed(ids).vectors):
+        for a, b in zip(minilm.embed(ids).vectors, half.embed(ids).vectors, strict=True):
             np.testing.assert_allclose(a, b, atol=1e-5)  # padding is masked whatever the bucket
     finally:
         half.close()

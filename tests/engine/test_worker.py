@@ -84,9 +84,9 @@ def test_results_scattered_to_the_right_items_across_concurrent_submitters():
         assert worker.queued() == n_threads * per_request
         runner.release.set()
         assert blocker[0].future.result(10).value.tolist() == echo([1, 2, 3]).tolist()
-        for token_lists, items in zip(requests, submitted):
+        for token_lists, items in zip(requests, submitted, strict=True):
             assert [item.ids for item in items] == token_lists  # input order kept
-            for ids, item in zip(token_lists, items):
+            for ids, item in zip(token_lists, items, strict=True):
                 np.testing.assert_array_equal(item.future.result(10).value, echo(ids))
     finally:
         worker.close()
@@ -164,7 +164,7 @@ def test_expired_inputs_get_reply_timeout_and_never_run():
         with pytest.raises(ReplyTimeout):
             late[0].future.result(10)
         assert alive[0].future.result(10).value.tolist() == echo([44]).tolist()
-        seen = [row[:n].tolist() for ids, _, _, lengths in runner.calls for row, n in zip(ids, lengths)]
+        seen = [row[:n].tolist() for ids, _, _, lengths in runner.calls for row, n in zip(ids, lengths, strict=True)]
         assert [42, 43] not in seen
     finally:
         worker.close()
@@ -181,7 +181,7 @@ def test_cancelled_inputs_are_skipped():
         runner.release.set()
         assert kept[0].future.result(10).value.tolist() == echo([52]).tolist()
         _wait_until(lambda: worker.queued() == 0)
-        seen = [row[:n].tolist() for ids, _, _, lengths in runner.calls for row, n in zip(ids, lengths)]
+        seen = [row[:n].tolist() for ids, _, _, lengths in runner.calls for row, n in zip(ids, lengths, strict=True)]
         assert [50, 51] not in seen
     finally:
         worker.close()
@@ -268,7 +268,6 @@ class CancelledRightAfterTheCheck(Future):
         return was
 
 
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_expiry_racing_a_requester_cancel_does_not_kill_the_engine_thread():
     runner = FakeRunner(hold_first=True)
     worker = start(runner)

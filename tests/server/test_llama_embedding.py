@@ -45,12 +45,28 @@ def _sum_sq(vec) -> float:
     return float(np.sum(np.square(np.asarray(vec, dtype=np.float64))))
 
 
+def _last_token_reference(text: str) -> np.ndarray:
+    """transformers' last hidden state of the last token ([SEP]), L2-normalized: what --pooling last means."""
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    from engine import default_model
+
+    tokenizer, model = AutoTokenizer.from_pretrained(default_model()), AutoModel.from_pretrained(default_model())
+    with torch.inference_mode():
+        hidden = model(**tokenizer(text, return_tensors="pt")).last_hidden_state[0, -1].numpy()
+    return hidden / np.linalg.norm(hidden)
+
+
 def test_embedding_single(last_server):
     res = last_server.post("/v1/embeddings", {"input": "I believe the meaning of life is"})
     assert res.status_code == 200
     data = res.json()["data"]
     assert len(data) == 1 and len(data[0]["embedding"]) == 384
     assert abs(_sum_sq(data[0]["embedding"]) - 1) < EPSILON
+    # beyond llama's checks: the vector really is the last token's (not the model's default mean pooling)
+    np.testing.assert_allclose(data[0]["embedding"], _last_token_reference("I believe the meaning of life is"),
+                               atol=1e-5)
 
 
 def test_embedding_multiple(last_server):
@@ -104,7 +120,7 @@ def test_embedding_openai_library_multiple(last_server):
     assert len(res.data) == 4
     # The SDK's default is base64: its decoded vectors must equal the float route's.
     floats = last_server.post("/v1/embeddings", {"input": texts}).json()["data"]
-    for got, want in zip(res.data, floats):
+    for got, want in zip(res.data, floats, strict=True):
         np.testing.assert_allclose(got.embedding, want["embedding"], atol=1e-7)
 
 
@@ -146,4 +162,4 @@ def test_embedding_openai_library_base64(default_server):
     raw = base64.b64decode(item["embedding"])
     decoded = struct.unpack(f"<{len(raw) // 4}f", raw)
     assert len(decoded) == len(floats)
-    np.testing.assert_allclose(decoded, floats, atol=EPSILON)
+    np.testing.assert_array_equal(np.float32(decoded), np.float32(floats))  # exact: both are the same float32 values

@@ -16,7 +16,7 @@ import cohere
 import pytest
 import torch
 
-from tests.engine.families.qwen3_fixture import make_checkpoint
+from tests.engine.families.qwen3_fixture import CARD_INSTRUCTION, CARD_PREFIX, CARD_SUFFIX, make_checkpoint
 from tests.server.harness import ServerProcess
 
 CE_FIXTURE = "/work/shared/fixtures/bert-tiny-ce-distilled"
@@ -39,11 +39,6 @@ QUERY = "Machine learning is"
 FRANCE = "What is the capital of France?"
 LONG_DOCUMENT = "This is a test " * 200  # 800 word pieces: over the 512-token limit with any query
 
-# Qwen3-Reranker's model card recipe, written out independently of templates/qwen3_reranker.jinja
-CARD_PREFIX = ("<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the "
-               'Instruct provided. Note that the answer can only be "yes" or "no".<|im_end|>\n<|im_start|>user\n')
-CARD_SUFFIX = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
-CARD_INSTRUCTION = "Given a web search query, retrieve relevant passages that answer the query"
 GEN_QUERY = "What is the capital of China?"
 GEN_DOCS = ["The capital of China is Beijing.", "Gravity is a force.", "Explain gravity.", "yes no maybe"]
 
@@ -282,7 +277,9 @@ def test_generative_reranker_server_instruction_and_sigmoid_flag(qwen3_folder, c
         body = srv.post("/rerank", {"query": GEN_QUERY, "documents": GEN_DOCS}).json()
         override = srv.post("/rerank", {"query": GEN_QUERY, "documents": GEN_DOCS,
                                         "instruction": "Explain gravity."}).json()
-    _assert_matches(body, *card_scores(GEN_QUERY, GEN_DOCS, instruction))
+    want, n_tokens = card_scores(GEN_QUERY, GEN_DOCS, instruction)
+    assert max(abs(a - b) for a, b in zip(want, card_scores(GEN_QUERY, GEN_DOCS)[0], strict=True)) > 10 * EPS
+    _assert_matches(body, want, n_tokens)  # so the server's instruction was really used
     _assert_matches(override, *card_scores(GEN_QUERY, GEN_DOCS, "Explain gravity."))
 
 

@@ -82,7 +82,7 @@ def wait_for(predicate, timeout: float = 20.0, step: float = 0.02) -> None:
 
 
 def assert_close(got: np.ndarray, want: np.ndarray) -> None:
-    for a, b in zip(got, want):
+    for a, b in zip(got, want, strict=True):
         assert float(a @ b) / (np.linalg.norm(a) * np.linalg.norm(b)) >= 0.999999
 
 

@@ -3,6 +3,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+# Qwen3-Reranker's model card recipe, written out independently of templates/qwen3_reranker.jinja
+CARD_PREFIX = ("<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the "
+               'Instruct provided. Note that the answer can only be "yes" or "no".<|im_end|>\n<|im_start|>user\n')
+CARD_SUFFIX = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+CARD_INSTRUCTION = "Given a web search query, retrieve relevant passages that answer the query"
+
 QWEN3_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
 CORPUS = [
     "Judge whether the Document meets the requirements based on the Query and the Instruct provided.",

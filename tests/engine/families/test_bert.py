@@ -76,7 +76,7 @@ def test_real_tiny_hidden_states_match_transformers(real_tiny):
     eng, _, ref = real_tiny
     token_lists = [eng.encode_prompt([t]) for t in TEXTS]
     result = eng.embed(token_lists)  # one padded batch of very different lengths
-    for ids, ours in zip(token_lists, result.vectors):
+    for ids, ours in zip(token_lists, result.vectors, strict=True):
         expected = hf_hidden(ref, ids)
         assert ours.shape == expected.shape
         np.testing.assert_allclose(ours, expected, rtol=0, atol=ATOL)
@@ -86,7 +86,7 @@ def test_real_tiny_pooled_vectors_match_transformers(real_tiny):
     _, eng, ref = real_tiny
     token_lists = [eng.encode_prompt([t]) for t in TEXTS]
     result = eng.embed(token_lists)
-    for ids, ours in zip(token_lists, result.vectors):
+    for ids, ours in zip(token_lists, result.vectors, strict=True):
         expected = _hf_masked_mean(hf_hidden(ref, ids))
         assert ours.shape == (128,)
         np.testing.assert_allclose(ours, expected, rtol=0, atol=ATOL)
@@ -120,7 +120,7 @@ def test_random_bert_hidden_states_match_transformers(random_bert):
     assert ref.config.hidden_act == act
     token_lists = [eng.encode_prompt([t]) for t in TEXTS]
     result = eng.embed(token_lists)
-    for ids, ours in zip(token_lists, result.vectors):
+    for ids, ours in zip(token_lists, result.vectors, strict=True):
         np.testing.assert_allclose(ours, hf_hidden(ref, ids), rtol=0, atol=ATOL)
 
 
@@ -148,12 +148,16 @@ def test_sanitize_maps_prefix_gamma_beta_and_drops_heads_and_buffers():
         "classifier.weight": mx.ones((1, 2)),
         "embeddings.word_embeddings.weight": mx.ones((3, 2)),
     }
-    assert sorted(bert.Model.sanitize(w)) == [
+    out = bert.Model.sanitize(w)
+    assert sorted(out) == [
         "embeddings.LayerNorm.bias",
         "embeddings.LayerNorm.weight",
         "embeddings.word_embeddings.weight",
         "encoder.layer.0.output.dense.weight",
     ]
+    # gamma is the scale (weight), beta the shift (bias): swapped names would load a broken model
+    assert out["embeddings.LayerNorm.weight"].tolist() == [1.0, 1.0]
+    assert out["embeddings.LayerNorm.bias"].tolist() == [0.0, 0.0]
 
 
 def test_relative_position_embeddings_are_refused():

@@ -142,7 +142,7 @@ def test_hidden_states_match_transformers(embedder):
     _, eng, _, ref = embedder
     token_lists = _token_lists(eng)
     result = eng.embed(token_lists)  # one padded batch: short rows' padding lies far outside their window
-    for ids, ours, expected in zip(token_lists, result.vectors, hf_rows(ref, token_lists)):
+    for ids, ours, expected in zip(token_lists, result.vectors, hf_rows(ref, token_lists), strict=True):
         assert ours.shape == expected.shape == (len(ids), 64)
         np.testing.assert_allclose(ours, expected, rtol=0, atol=ATOL)
 
@@ -151,7 +151,7 @@ def test_pooled_vectors_match_transformers_masked_mean(embedder):
     _, _, eng, ref = embedder
     token_lists = _token_lists(eng)
     result = eng.embed(token_lists)
-    for ours, hidden in zip(result.vectors, hf_rows(ref, token_lists)):
+    for ours, hidden in zip(result.vectors, hf_rows(ref, token_lists), strict=True):
         expected = hidden.astype(np.float64).mean(axis=0)
         np.testing.assert_allclose(ours, expected, rtol=0, atol=ATOL)
         assert cosine(ours, expected) >= 0.999999
@@ -164,7 +164,7 @@ def test_masked_lm_with_biases_and_published_config_matches_transformers(mlm):
     assert eng.info.architecture == "ModernBertForMaskedLM" and eng.info.kind == "embedder"
     token_lists = _token_lists(eng)
     result = eng.embed(token_lists)
-    for ours, expected in zip(result.vectors, hf_rows(ref, token_lists)):
+    for ours, expected in zip(result.vectors, hf_rows(ref, token_lists), strict=True):
         np.testing.assert_allclose(ours, expected, rtol=0, atol=ATOL)
 
 
@@ -172,7 +172,7 @@ def test_padded_batch_equals_each_row_alone(embedder):
     _, eng, _, _ = embedder
     token_lists = _token_lists(eng)
     batched = eng.embed(token_lists).vectors
-    for ids, row in zip(token_lists, batched):
+    for ids, row in zip(token_lists, batched, strict=True):
         np.testing.assert_allclose(row, eng.embed([ids]).vectors[0], rtol=0, atol=1e-5)
 
 

@@ -1,16 +1,14 @@
 """The Qwen3 generative reranker in the engine: truncation cuts the query/document, never the prompt scaffold."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from engine import Pooling
 from engine.errors import InputTooLong
-from engine.prompts import DEFAULT_INSTRUCTION
-from tests.engine.families.qwen3_fixture import make_checkpoint
+from tests.engine.families.qwen3_fixture import CARD_INSTRUCTION, CARD_PREFIX, CARD_SUFFIX, make_checkpoint
 from tests.engine.helpers import start_engine, torch
 
-LIMIT = 128
+QUERY, DOCUMENT = "What is the capital of China?", "The capital of China is Beijing. " * 40
 
 
 @pytest.fixture(scope="module")
@@ -19,59 +17,53 @@ def folder(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def reranker(folder):
-    eng = start_engine(folder, pooling=Pooling.RANK, ubatch_tokens=LIMIT)
-    yield eng
-    eng.close()
-
-
-def recipe_score(folder, ids: list[int]) -> float:
-    """sigmoid(logit_yes - logit_no) at the last position, with transformers on the same ids."""
+def reference(folder):
+    """The model card's pieces as token ids, and its yes/no score of a token list, with transformers."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     t = torch()
     tok = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder).eval()
-    with t.inference_mode():
-        logits = model(input_ids=t.tensor([ids])).logits[0, -1]
     yes, no = tok.convert_tokens_to_ids("yes"), tok.convert_tokens_to_ids("no")
-    return float(t.sigmoid(logits[yes] - logits[no]))
+
+    def encode(text: str) -> list[int]:
+        return tok(text, add_special_tokens=False).input_ids
+
+    def score(ids: list[int]) -> float:
+        with t.inference_mode():
+            logits = model(input_ids=t.tensor([ids])).logits[0, -1]
+        return float(t.sigmoid(logits[yes] - logits[no]))
+
+    pieces = {"prefix": encode(CARD_PREFIX + f"<Instruct>: {CARD_INSTRUCTION}\n<Query>: "),
+              "middle": encode("\n<Document>: "), "suffix": encode(CARD_SUFFIX),
+              "query": encode(QUERY), "document": encode(DOCUMENT)}
+    return pieces, score
 
 
-def test_truncation_keeps_the_scaffold_and_cuts_the_longest_content(reranker, folder):
-    query, document = "What is the capital of China?", "The capital of China is Beijing. " * 40
-    with pytest.raises(InputTooLong):
-        reranker.rerank(query, [document], truncate=False)
-    result = reranker.rerank(query, [document], truncate=True)
-    assert result.n_tokens == [LIMIT]
-
-    tok = reranker.tokenizer
-    parts = reranker._prompt.parts(None)
-    texts = [p.text for p in parts if p.kind == "text"]
-    prefix, middle, suffix = (tok.encode(t, add_special=False) for t in texts)
-    query_ids = tok.encode(query, add_special=False)
-    doc_ids = tok.encode(document, add_special=False)
-    kept = LIMIT - len(prefix) - len(middle) - len(suffix) - len(query_ids)
-    expected = prefix + query_ids + middle + doc_ids[:kept] + suffix  # the short query is kept whole
-    assert DEFAULT_INSTRUCTION in texts[0] and 0 < kept < len(doc_ids)
-    assert abs(result.scores[0] - recipe_score(folder, expected)) < 1e-4
-    assert np.isfinite(result.scores[0])
-
-
-def test_truncation_is_longest_first_between_query_and_document(folder):
-    eng = start_engine(folder, pooling=Pooling.RANK, ubatch_tokens=96)
+@pytest.mark.parametrize("limit", [128, 96])
+def test_truncation_keeps_the_card_scaffold_and_cuts_content_longest_first(folder, reference, limit):
+    pieces, score = reference
+    eng = start_engine(folder, pooling=Pooling.RANK, ubatch_tokens=limit)
     try:
-        query, document = "What is the capital of China?", "The capital of China is Beijing. " * 40
-        tok = eng.tokenizer
-        parts = eng._prompt.parts(None)
-        prefix, middle, suffix = (tok.encode(p.text, add_special=False) for p in parts if p.kind == "text")
-        query_ids, doc_ids = tok.encode(query, add_special=False), tok.encode(document, add_special=False)
-        budget = 96 - len(prefix) - len(middle) - len(suffix)
-        assert budget < 2 * len(query_ids)  # so the query has to give up tokens too
-        n_query, n_doc = budget - budget // 2, budget // 2  # longest first ends with the two nearly equal
-        expected = prefix + query_ids[:n_query] + middle + doc_ids[:n_doc] + suffix
-        result = eng.rerank(query, [document], truncate=True)
-        assert result.n_tokens == [96]
-        assert abs(result.scores[0] - recipe_score(folder, expected)) < 1e-4
+        with pytest.raises(InputTooLong):
+            eng.rerank(QUERY, [DOCUMENT], truncate=False)
+        result = eng.rerank(QUERY, [DOCUMENT], truncate=True)
     finally:
         eng.close()
+    n_query, n_doc = len(pieces["query"]), len(pieces["document"])
+    budget = limit - len(pieces["prefix"]) - len(pieces["middle"]) - len(pieces["suffix"])
+    while n_query + n_doc > budget:  # longest first: the document gives way, then both in turn
+        if n_doc >= n_query:
+            n_doc -= 1
+        else:
+            n_query -= 1
+    assert 0 < n_doc < len(pieces["document"])
+    if limit == 96:
+        assert n_query < len(pieces["query"])  # this budget cuts the query too
+    expected = (pieces["prefix"] + pieces["query"][:n_query] + pieces["middle"] + pieces["document"][:n_doc]
+                + pieces["suffix"])
+    assert result.n_tokens == [limit] == [len(expected)]
+    assert abs(result.scores[0] - score(expected)) < 1e-4
+    # one document token more or less is visible at this tolerance, so the comparison pins the cut
+    longer = expected[:-len(pieces["suffix"]) - 1] + pieces["document"][n_doc - 1:n_doc + 1] + pieces["suffix"]
+    assert abs(score(longer) - score(expected)) > 1e-4

@@ -160,7 +160,7 @@ def test_hidden_states_match_transformers(mlm):
     token_lists.append([0] + list(range(1000, 1510)) + [2])
     assert len(token_lists[-1]) == eng.info.n_ctx_train
     result = eng.embed(token_lists)  # one padded batch of very different lengths
-    for ids, ours, expected in zip(token_lists, result.vectors, hf_rows(ref, token_lists)):
+    for ids, ours, expected in zip(token_lists, result.vectors, hf_rows(ref, token_lists), strict=True):
         assert ours.shape == expected.shape == (len(ids), 64)
         np.testing.assert_allclose(ours, expected, rtol=0, atol=ATOL)
 
@@ -169,7 +169,7 @@ def test_pooled_vectors_match_transformers_masked_mean(bare):
     _, eng, ref = bare
     token_lists = [eng.encode_prompt([t]) for t in TEXTS]
     result = eng.embed(token_lists)
-    for ours, hidden in zip(result.vectors, hf_rows(ref, token_lists)):
+    for ours, hidden in zip(result.vectors, hf_rows(ref, token_lists), strict=True):
         expected = hidden.astype(np.float64).mean(axis=0)
         np.testing.assert_allclose(ours, expected, rtol=0, atol=ATOL)
         assert cosine(ours, expected) >= 0.999999
@@ -179,7 +179,7 @@ def test_padded_batch_equals_each_row_alone(mlm):
     _, eng, _ = mlm
     token_lists = [eng.encode_prompt([t]) for t in TEXTS]
     batched = eng.embed(token_lists).vectors
-    for ids, row in zip(token_lists, batched):
+    for ids, row in zip(token_lists, batched, strict=True):
         alone = eng.embed([ids]).vectors[0]
         np.testing.assert_allclose(row, alone, rtol=0, atol=1e-5)
 
