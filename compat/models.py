@@ -8,7 +8,7 @@ server is the single-model one, and read_catalog says so by returning None.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -55,9 +55,14 @@ class Catalog:
     """Every configured model, in declaration order: the first of a kind is that kind's default."""
 
     models: tuple[ModelSpec, ...]
+    by_name: dict[str, ModelSpec] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # built once per configuration, so a request looks its model up in one step
+        object.__setattr__(self, "by_name", {name: spec for spec in self.models for name in spec.names})
 
     def find(self, name: str) -> ModelSpec | None:
-        return next((spec for spec in self.models if name in spec.names), None)
+        return self.by_name.get(name)
 
     def first(self, kind: Kind | None) -> ModelSpec | None:
         """The default model for `kind` (None: any kind)."""

@@ -139,7 +139,8 @@ class ModelRouter:
         self._settings = settings
         self._residency = residency
         self._lock = threading.Lock()  # one reload at a time
-        self._usage: dict[str, UsageCounter] = {}
+        self._usage: dict[str, UsageCounter] = {}  # by model id, kept across reloads (a re-added id goes on)
+        self._usage_lock = threading.Lock()
         self._install(catalog)
 
     # -- requests ---------------------------------------------------------------------------------------------
@@ -150,7 +151,7 @@ class ModelRouter:
         count: the request is one of the model's requests (the inference routes), errors included.
         """
         spec = self.pick(kind, requested())
-        usage = self._usage.get(spec.id) if count else None
+        usage = self._counter(spec.id) if count else None
         if usage is not None:
             usage.started()
         timeout = self._settings.timeout
@@ -212,8 +213,11 @@ class ModelRouter:
             self._install(catalog)
         log.info("reloaded the configuration: serving %s", ", ".join(catalog.ids))
 
+    def _counter(self, model_id: str) -> UsageCounter:
+        with self._usage_lock:
+            return self._usage.setdefault(model_id, UsageCounter())
+
     def _install(self, catalog: Catalog) -> None:
-        self._usage = {spec.id: self._usage.get(spec.id) or UsageCounter() for spec in catalog.models}
         self._catalog = catalog
         self._residency.configure(spec.options for spec in catalog.models)
         for spec in catalog.models:
@@ -226,8 +230,7 @@ class ModelRouter:
         return self._residency.stats()
 
     def describe(self) -> list[ModelView]:
-        usage = self._usage
-        return [ModelView(spec, self._residency.status(spec.options), (usage.get(spec.id) or UsageCounter()).snapshot())
+        return [ModelView(spec, self._residency.status(spec.options), self._counter(spec.id).snapshot())
                 for spec in self._catalog.models]
 
 
