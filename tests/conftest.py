@@ -43,3 +43,8 @@ def minilm_path() -> Path:
 @pytest.fixture(scope="session")
 def tiny_bert_path() -> Path:
     return tiny_bert_dir()
+
+
+def parse_metrics(text: str) -> dict[str, str]:
+    """Prometheus text -> {series (name with its labels): value as printed}."""
+    return dict(line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#"))

@@ -8,10 +8,17 @@ import time
 import numpy as np
 import pytest
 
-from engine.errors import (EngineError, ForwardFailed, NotLoaded, QueueFull, ReplyTimeout,
-                           UnsupportedCheckpoint)
+from engine.errors import (
+    EngineError,
+    ForwardFailed,
+    NotLoaded,
+    QueueFull,
+    ReplyTimeout,
+    UnsupportedCheckpoint,
+)
 from engine.types import Pooling
 from tests.compat.fakes import CLS, SEP, FakeEngine, pooled_vector, token_rows, word_id
+from tests.conftest import parse_metrics
 
 NOT_FOUND = '{"error":{"message":"File Not Found","type":"not_found_error","code":404}}'
 LOADING = '{"error":{"message":"Loading model","type":"unavailable_error","code":503}}'
@@ -662,7 +669,7 @@ METRIC_NAMES = [
 def scrape(client) -> dict[str, str]:
     res = client.simulate_get("/metrics")
     assert res.status_code == 200
-    return dict(line.split(" ") for line in res.text.splitlines() if not line.startswith("#"))
+    return parse_metrics(res.text)
 
 
 def test_metrics_disabled_is_501(make_client):

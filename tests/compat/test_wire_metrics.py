@@ -2,17 +2,14 @@
 from __future__ import annotations
 
 from compat.wire.metrics import prompt_throughput, render_metrics_response
+from tests.conftest import parse_metrics
 
 STATS = {"prompt_tokens_total": 1234567, "prompt_seconds_total": 54.285, "n_decode_total": 332,
          "n_tokens_max": 512, "requests_processing": 1, "requests_deferred": 0}
 
 
-def values(text: str) -> dict[str, str]:
-    return dict(line.split(" ") for line in text.splitlines() if not line.startswith("#"))
-
-
 def test_values_print_like_cpp_ostream():
-    got = values(render_metrics_response(STATS, 1249.6543))
+    got = parse_metrics(render_metrics_response(STATS, 1249.6543))
     assert got["llamacpp:prompt_tokens_total"] == "1.23457e+06"
     assert got["llamacpp:prompt_seconds_total"] == "54.285"
     assert got["llamacpp:prompt_tokens_seconds"] == "1249.65"

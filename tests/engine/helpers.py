@@ -54,6 +54,22 @@ def hf_hidden(model, ids: list[int], token_types: bool = True) -> np.ndarray:
     return out.last_hidden_state[0].float().numpy()
 
 
+def perturb_vectors(model, seed: int) -> None:
+    """LayerNorm weights start at 1 and biases at 0: randomize every 1-D parameter so a dropped one shows."""
+    t = torch()
+    gen = t.Generator().manual_seed(seed)
+    with t.no_grad():
+        for _, p in model.named_parameters():
+            if p.ndim == 1:
+                p.add_(t.randn(p.shape, generator=gen) * 0.1)
+
+
+def hf_logit(model, ids: list[int]) -> float:
+    t = torch()
+    with t.inference_mode():
+        return float(model(input_ids=t.tensor([ids]), attention_mask=t.ones(1, len(ids), dtype=t.long)).logits[0, 0])
+
+
 def hf_rows(model, token_lists: list[list[int]]) -> list[np.ndarray]:
     """hf_hidden per input, for models without token types (XLM-R tokenizers emit none; ModernBERT has none)."""
     return [hf_hidden(model, ids, token_types=False) for ids in token_lists]

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import minilm_dir, tiny_bert_dir
+from tests.conftest import minilm_dir, parse_metrics, tiny_bert_dir
 from tests.server.harness import ServerProcess, run_cli
 
 CE = "/work/shared/fixtures/bert-tiny-ce-distilled"
@@ -70,8 +70,7 @@ def models(server: ServerProcess) -> dict[str, dict]:
 
 
 def metrics(server: ServerProcess) -> dict[str, float]:
-    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in server.get("/metrics").text.splitlines()
-            if line and not line.startswith("#")}
+    return {series: float(value) for series, value in parse_metrics(server.get("/metrics").text).items()}
 
 
 def wait_for(predicate, timeout: float = 20.0, step: float = 0.02) -> None:

@@ -10,6 +10,7 @@ import pytest
 import requests
 
 from engine import default_model
+from tests.conftest import parse_metrics
 from tests.server.harness import ServerProcess, clean_env, run_cli
 
 LOADING = {"error": {"message": "Loading model", "type": "unavailable_error", "code": 503}}
@@ -68,10 +69,7 @@ def test_metrics_count_embedding_tokens(server):
 
 
 def _metric(server: ServerProcess, name: str) -> float:
-    for line in server.get("/metrics").text.splitlines():
-        if line.startswith(f"llamacpp:{name} "):
-            return float(line.split()[1])
-    raise AssertionError(f"llamacpp:{name} not in /metrics")
+    return float(parse_metrics(server.get("/metrics").text)[f"llamacpp:{name}"])
 
 
 def test_every_route_answers_503_while_loading():

