@@ -49,7 +49,7 @@ class FakeEngine:
             n_vocab=N_VOCAB, n_embd=N_EMBD, n_ctx_train=512, n_params=22713216, size_bytes=90868376,
             ftype="F32", pooling=Pooling.RANK if kind != "embedder" else pooling,
             max_input_tokens=max_input_tokens, truncate_tokens=512, slot_ctx=256, n_slots=2, bos_token="[CLS]",
-            eos_token="[SEP]", kind=kind, batch_tokens=4096, batch_rows=16, widths=(8, 16, 512))
+            eos_token="[SEP]", kind=kind, batch_tokens=4096, batch_rows=16, widths=(8, 16, 512), family="bert")
         self.limit_kind = limit_kind
         self.embed_calls: list[dict] = []
         self.encode_calls: list[dict] = []

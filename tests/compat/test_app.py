@@ -587,7 +587,7 @@ def test_props_shape_and_values(make_client):
     assert list(body) == ["default_generation_settings", "total_slots", "model_alias", "model_ftype", "model_path",
                           "modalities", "endpoint_slots", "endpoint_props", "endpoint_metrics", "ui",
                           "chat_template", "bos_token", "eos_token", "build_info", "is_sleeping",
-                          "cors_proxy_enabled", "max_seq", "rows", "batch_tokens", "widths"]
+                          "cors_proxy_enabled", "family", "max_seq", "rows", "batch_tokens", "widths"]
     assert list(body["default_generation_settings"]) == ["params", "n_ctx"]
     assert list(body["default_generation_settings"]["params"]) == PARAMS_KEYS
     assert body["default_generation_settings"]["n_ctx"] == 256
@@ -600,6 +600,7 @@ def test_props_shape_and_values(make_client):
     assert body["build_info"].startswith("mlx-embed-server-")
     assert body["is_sleeping"] is False
     assert (body["max_seq"], body["rows"], body["batch_tokens"], body["widths"]) == (16, 16, 4096, [8, 16, 512])
+    assert body["family"] == "bert"
 
 
 def test_post_props(make_client):
