@@ -14,7 +14,8 @@ from engine.errors import UnsupportedCheckpoint
 from engine.types import Pooling
 
 # config.json spellings that differ from our file names.
-MODEL_TYPE_ALIASES = {"xlm-roberta": "xlm_roberta", "mistral": "llama", "llama_bidirec": "llama"}
+MODEL_TYPE_ALIASES = {"xlm-roberta": "xlm_roberta", "siglip_text_model": "siglip", "mistral": "llama",
+                      "llama_bidirec": "llama"}
 
 # What each family file serves, by architectures[0] ("" = a config without architectures).
 EMBEDDERS = {
@@ -25,6 +26,7 @@ EMBEDDERS = {
     "llama": {"", "LlamaModel", "LlamaForCausalLM", "LlamaBidirectionalModel", "MistralModel", "MistralForCausalLM"},
     "qwen2": {"", "Qwen2Model", "Qwen2ForCausalLM"},
     "qwen3": {"", "Qwen3Model", "Qwen3ForCausalLM"},
+    "siglip": {"", "SiglipModel", "SiglipTextModel"},
 }
 CROSS_ENCODERS = {
     "bert": "BertForSequenceClassification",
@@ -39,6 +41,7 @@ GENERATIVE_RERANKERS = {
 
 # Without 1_Pooling/config.json: what sentence-transformers itself would do with a bare encoder.
 FAMILY_DEFAULT_POOLING = {"bert": Pooling.MEAN, "xlm_roberta": Pooling.MEAN, "modernbert": Pooling.MEAN}
+FAMILY_DEFAULT_POOLING["siglip"] = Pooling.LAST  # reported only: the towers pool at their own last position
 # Decoder backbones without 1_Pooling: a bidirectional embedding export (LLM2Vec, EmbeddingGemma) mean-pools,
 # a bare Qwen3Model export is Qwen3-Embedding (last token); any other decoder gets what llama-server gives a
 # decoder GGUF without a pooling type: none (one vector per token; --pooling picks another).
@@ -61,6 +64,9 @@ class LoadedModel:
     default_pooling: Pooling
     n_positions: int
     hidden_size: int
+    fixed_width: int | None = None  # every row padded to this width (families trained on one width)
+    image_size: int | None = None  # the square image side a vision tower takes; None: text only
+    image_tokens: int = 0  # what one image counts as (its patches)
 
 
 def family_name(checkpoint: Checkpoint) -> str:
@@ -131,6 +137,8 @@ def load(checkpoint: Checkpoint, kind: str | None = None) -> LoadedModel:
         n_params=sum(p.size for _, p in params), size_bytes=sum(p.nbytes for _, p in params), ftype=ftype,
         default_pooling=default_pooling(checkpoint),
         n_positions=trunk.n_positions, hidden_size=trunk.hidden_size,
+        fixed_width=getattr(trunk, "fixed_width", None), image_size=getattr(trunk, "image_size", None),
+        image_tokens=getattr(trunk, "image_tokens", 0),
     )
 
 
