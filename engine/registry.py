@@ -26,6 +26,7 @@ EMBEDDERS = {
     "llama": {"", "LlamaModel", "LlamaForCausalLM", "LlamaBidirectionalModel", "MistralModel", "MistralForCausalLM"},
     "qwen2": {"", "Qwen2Model", "Qwen2ForCausalLM"},
     "qwen3": {"", "Qwen3Model", "Qwen3ForCausalLM"},
+    "nomic_bert": {"", "NomicBertModel", "NomicBertForPreTraining"},
     "siglip": {"", "SiglipModel", "SiglipTextModel"},
 }
 CROSS_ENCODERS = {
@@ -40,7 +41,8 @@ GENERATIVE_RERANKERS = {
 }
 
 # Without 1_Pooling/config.json: what sentence-transformers itself would do with a bare encoder.
-FAMILY_DEFAULT_POOLING = {"bert": Pooling.MEAN, "xlm_roberta": Pooling.MEAN, "modernbert": Pooling.MEAN}
+FAMILY_DEFAULT_POOLING = {"bert": Pooling.MEAN, "xlm_roberta": Pooling.MEAN, "modernbert": Pooling.MEAN,
+                          "nomic_bert": Pooling.MEAN}
 FAMILY_DEFAULT_POOLING["siglip"] = Pooling.LAST  # reported only: the towers pool at their own last position
 # Decoder backbones without 1_Pooling: a bidirectional embedding export (LLM2Vec, EmbeddingGemma) mean-pools,
 # a bare Qwen3Model export is Qwen3-Embedding (last token); any other decoder gets what llama-server gives a
