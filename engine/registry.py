@@ -14,7 +14,7 @@ from engine.errors import UnsupportedCheckpoint
 from engine.types import Pooling
 
 # config.json spellings that differ from our file names.
-MODEL_TYPE_ALIASES = {"xlm-roberta": "xlm_roberta", "siglip_text_model": "siglip"}
+MODEL_TYPE_ALIASES = {"xlm-roberta": "xlm_roberta", "siglip_text_model": "siglip", "new": "gte"}
 
 # What each family file serves, by architectures[0] ("" = a config without architectures).
 EMBEDDERS = {
@@ -22,12 +22,16 @@ EMBEDDERS = {
     "xlm_roberta": {"", "XLMRobertaModel", "XLMRobertaForMaskedLM"},
     "modernbert": {"", "ModernBertModel", "ModernBertForMaskedLM"},
     "nomic_bert": {"", "NomicBertModel", "NomicBertForPreTraining"},
+    # gte-multilingual-base ships as NewForTokenClassification (its sparse-weight head); the trunk embeds
+    "gte": {"", "NewModel", "GteModel", "NewForMaskedLM", "GteForMaskedLM", "NewForTokenClassification",
+            "GteForTokenClassification"},
     "siglip": {"", "SiglipModel", "SiglipTextModel"},
 }
 CROSS_ENCODERS = {
     "bert": "BertForSequenceClassification",
     "xlm_roberta": "XLMRobertaForSequenceClassification",
     "modernbert": "ModernBertForSequenceClassification",
+    "gte": "NewForSequenceClassification",  # gte-multilingual-reranker-base
 }
 # Causal LMs scored by the yes/no recipe (engine/prompts.py builds their prompt).
 GENERATIVE_RERANKERS = {
@@ -36,7 +40,7 @@ GENERATIVE_RERANKERS = {
 
 # Without 1_Pooling/config.json: what sentence-transformers itself would do with a bare encoder.
 FAMILY_DEFAULT_POOLING = {"bert": Pooling.MEAN, "xlm_roberta": Pooling.MEAN, "modernbert": Pooling.MEAN,
-                          "nomic_bert": Pooling.MEAN}
+                          "nomic_bert": Pooling.MEAN, "gte": Pooling.MEAN}
 FAMILY_DEFAULT_POOLING["siglip"] = Pooling.LAST  # reported only: the towers pool at their own last position
 
 EMBEDDER, CROSS_ENCODER, GENERATIVE_RERANKER = "embedder", "cross-encoder", "generative-reranker"
