@@ -7,7 +7,8 @@ from compat.errors import bad_request
 from compat.models import EMBEDDING
 from compat.resources.leasing import model_request
 from compat.routing import Models
-from compat.wire.embeddings import parse_embeddings_request, render_embeddings_response
+from compat.wire.embeddings import parse_embeddings_request, render_embeddings_response, with_text_prompt
+from engine import text_formatter
 from engine.types import Pooling
 
 POOLING_NONE_OAI = "Pooling type 'none' is not OAI compatible. Please use a different pooling type"
@@ -24,8 +25,10 @@ class EmbeddingsResource:
             if self._oai and served.engine.info.pooling is Pooling.NONE:
                 raise bad_request(POOLING_NONE_OAI)
             request = parse_embeddings_request(body(), oai_route=self._oai,
-                                               default_normalize=served.settings.embd_normalize)
-            result = served.engine.embed_prompts(request.prompts, truncate=request.truncate,
-                                                 timeout_s=served.remaining_s)
+                                               default_normalize=served.settings.embd_normalize,
+                                               width=served.engine.info.n_embd)
+            format_text = text_formatter(served.engine.info, request.prompt_name, request.instruction)
+            prompts = [with_text_prompt(prompt, format_text) for prompt in request.prompts]
+            result = served.engine.embed_prompts(prompts, truncate=request.truncate, timeout_s=served.remaining_s)
             served.record(result)
         resp.media = render_embeddings_response(request, result, served.name)
