@@ -180,7 +180,7 @@ class Settings(BaseSettings):
                              "a row is padding instead of half, for twice the shapes prepared at startup")
     max_queue_items: int = option(
         4096, flags=["--max-queue-items"], env="LLAMA_ARG_MAX_QUEUE_ITEMS", metavar="N", group="batching",
-        per_model=True, help="most inputs waiting for the model; a request beyond that gets 503")
+        per_model=True, help="most inputs waiting for the model; a request that finds it full gets 503 (retry later), one with more inputs than it can ever hold 413")
 
     models_preset: str | None = option(
         None, flags=["--models-preset"], env="LLAMA_ARG_MODELS_PRESET", metavar="FILE", group="models",
@@ -204,6 +204,21 @@ class Settings(BaseSettings):
     timeout: int = option(3600, flags=["-to", "--timeout"], env="LLAMA_ARG_TIMEOUT", metavar="N", group="http",
                           help="HTTP read/write timeout in seconds, also each request's deadline (a lazy model load included; "
                                "504 when it passes)")
+    payload_limit: int = option(
+        2_000_000, flags=["--payload-limit"], env="LLAMA_ARG_PAYLOAD_LIMIT", metavar="BYTES", group="http",
+        help="largest request body in bytes (TEI's flag); a larger one is answered 413 before it is read to the "
+             "end, chunked bodies included")
+    max_client_batch_size: int = option(
+        2048, flags=["--max-client-batch-size"], env="LLAMA_ARG_MAX_CLIENT_BATCH_SIZE", metavar="N",
+        group="http", help="most inputs (texts, or documents to rerank) in one request (TEI's flag); more is 413")
+    connection_limit: int = option(
+        1000, flags=["--connection-limit"], env="LLAMA_ARG_CONNECTION_LIMIT", metavar="N", group="http",
+        help="most open client connections, idle keep-alive ones included; beyond it new connections wait in "
+             "the listen backlog")
+    shutdown_timeout: int = option(
+        30, flags=["--shutdown-timeout"], env="LLAMA_ARG_SHUTDOWN_TIMEOUT", metavar="N", group="http",
+        help="on SIGTERM or SIGINT, seconds to let requests in flight finish (/health answers 503 meanwhile) "
+             "before exiting; a second signal exits at once")
     cors_origins: str = option("*", flags=["--cors-origins"], env="LLAMA_ARG_CORS_ORIGINS", metavar="ORIGINS",
                                group="http", help="allowed CORS origins: * (any), localhost (localhost, 127.0.0.1 and ::1 "
                                                    "only) or a comma-separated list of origins")
@@ -247,6 +262,20 @@ class Settings(BaseSettings):
     def _parallel_not_zero(cls, value: int) -> int:
         if value == 0:
             raise ValueError("n_parallel must not be 0 (-1 = auto)")
+        return value
+
+    @field_validator("payload_limit", "max_client_batch_size", "connection_limit")
+    @classmethod
+    def _positive(cls, value: int) -> int:
+        if value < 1:
+            raise ValueError("must be 1 or more")
+        return value
+
+    @field_validator("shutdown_timeout")
+    @classmethod
+    def _not_negative(cls, value: int) -> int:
+        if value < 0:
+            raise ValueError("must be 0 (exit at once) or more")
         return value
 
     @field_validator("models_max")
