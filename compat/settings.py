@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import logging
 import re
+import stat
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -65,6 +66,7 @@ def option(
     metavar: str | None = None,
     implies: dict[str, Any] | None = None,
     per_model: bool = False,
+    secret: bool = False,
 ) -> Any:
     """A Settings field that is also an option.
 
@@ -72,13 +74,13 @@ def option(
     `--no-` spellings are derived) or accumulating (comma-separated, repeats append). `implies`: other
     fields a flag also sets when it is given (`--reranking` turns on embedding with rank pooling). `per_model`:
     each model of a several-model server has its own value (a model section may set it); the others are
-    server-wide.
+    server-wide. `secret`: the value never appears in a repr (API keys).
     """
     extra = {"flags": flags, "env": env, "help": help, "group": group, "kind": kind, "metavar": metavar,
              "implies": implies or {}, "per_model": per_model}
     if default == []:
-        return Field(default_factory=list, json_schema_extra=extra)
-    return Field(default, json_schema_extra=extra)
+        return Field(default_factory=list, json_schema_extra=extra, repr=not secret)
+    return Field(default, json_schema_extra=extra, repr=not secret)
 
 
 class Settings(BaseSettings):
@@ -97,7 +99,7 @@ class Settings(BaseSettings):
     api_prefix: str = option("", flags=["--api-prefix"], env="LLAMA_ARG_API_PREFIX", metavar="PREFIX",
                              group="server", help="prefix path the server serves from, without the trailing slash")
     api_key: list[str] = option(
-        [], flags=["--api-key"], kind="accumulating", env="LLAMA_API_KEY", metavar="KEY", group="server",
+        [], flags=["--api-key"], kind="accumulating", env="LLAMA_API_KEY", metavar="KEY", group="server", secret=True,
         help="API key for authentication; several comma-separated, or repeat the option")
     api_key_file: str | None = option(
         None, flags=["--api-key-file"], env="LLAMA_ARG_API_KEY_FILE", metavar="FNAME", group="server",
@@ -486,8 +488,12 @@ def _csv(text: str) -> list[str]:
 def _read_key_file(path: str) -> list[str]:
     try:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
+        mode = Path(path).stat().st_mode
     except OSError as exc:
         raise ValueError(f"failed to open file '{path}': {exc.strerror}") from None
+    if mode & stat.S_IROTH:
+        logger.warning("warning: the API key file %s is readable by every user of this machine (mode %s); "
+                       "restrict it, e.g. chmod 600 %s", path, stat.filemode(mode), path)
     return [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
 
 

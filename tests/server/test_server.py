@@ -111,6 +111,8 @@ def test_api_keys_from_flag_and_file(tmp_path):
         for headers in ({"Authorization": "Bearer sk-two"}, {"X-Api-Key": "sk-one"},
                         {"Authorization": "Bearer sk-from-file"}):
             assert srv.post("/v1/embeddings", {"input": "x"}, headers=headers).status_code == 200
+    assert not any(key in srv.output() for key in ("sk-one", "sk-two", "sk-from-file"))
+    assert "readable by every user" in srv.output()  # the file was written with the usual 0644
 
 
 def _model_id(srv: ServerProcess) -> str:
