@@ -18,11 +18,13 @@ from compat.errors import (
     handle_http_error,
     handle_unexpected,
 )
+from compat.lifecycle import Lifecycle, LifecycleMiddleware
 from compat.middleware import (
     ApiKeyMiddleware,
     ApiPrefixMiddleware,
     CorsMiddleware,
     LoadingMiddleware,
+    PayloadLimitMiddleware,
     TimingMiddleware,
 )
 from compat.resources.embeddings import EmbeddingsResource
@@ -52,18 +54,22 @@ def _json_handler() -> falcon.media.JSONHandler:
                                     loads=orjson.loads)
 
 
-def create_app(settings: Settings, engine: Engine | ModelRouter) -> falcon.App:
-    """`engine`: the one model's Engine, or the ModelRouter of a several-model server."""
+def create_app(settings: Settings, engine: Engine | ModelRouter, lifecycle: Lifecycle | None = None) -> falcon.App:
+    """`engine`: the one model's Engine, or the ModelRouter of a several-model server. `lifecycle`: the
+    in-flight count and drain state the listener shares (a fresh one if not given)."""
     router = engine if isinstance(engine, ModelRouter) else None
     models: Models = router or SingleModel(engine, settings)
+    lifecycle = lifecycle or Lifecycle()
     app = falcon.App(
         media_type=JSON_CONTENT_TYPE,
         middleware=[
-            TimingMiddleware(),  # first in, last out: x-total-time covers the whole chain
+            LifecycleMiddleware(lifecycle, settings),  # counts every request; 503 to newcomers while draining
+            TimingMiddleware(),  # x-total-time covers the rest of the chain
             CorsMiddleware(settings),  # CORS headers, then OPTIONS preflight
             # one model: 503 until it is loaded; several: each request waits for its own model's load
             *([] if router else [LoadingMiddleware(engine)]),
             ApiKeyMiddleware(settings),
+            PayloadLimitMiddleware(settings),  # the listener enforces it too, chunked bodies included
             ApiPrefixMiddleware(settings),
         ],
     )
