@@ -59,6 +59,10 @@ def family_name(checkpoint: Checkpoint) -> str:
 
 def kind_of(checkpoint: Checkpoint) -> str:
     """Whether a checkpoint is an embedder or a reranker; anything else is refused by name."""
+    if checkpoint.gguf is not None:
+        from engine.gguf.load import is_reranker
+
+        return CROSS_ENCODER if is_reranker(checkpoint.gguf) else EMBEDDER
     name, arch = family_name(checkpoint), checkpoint.architecture
     if CROSS_ENCODERS.get(name) == arch:
         return CROSS_ENCODER
@@ -80,6 +84,8 @@ def kind_of(checkpoint: Checkpoint) -> str:
 def load(checkpoint: Checkpoint) -> LoadedModel:
     """Build the family's module for this checkpoint and load its weights (strict: every key must match)."""
     kind = kind_of(checkpoint)
+    if checkpoint.gguf is not None:
+        return _load_gguf(checkpoint, kind)
     name = family_name(checkpoint)
     family: ModuleType = importlib.import_module(f"engine.families.{name}")
     args = family.ModelArgs.from_dict(checkpoint.config)
@@ -113,3 +119,14 @@ def load(checkpoint: Checkpoint) -> LoadedModel:
         default_pooling=FAMILY_DEFAULT_POOLING.get(name, Pooling.MEAN),
         n_positions=trunk.n_positions, hidden_size=trunk.hidden_size,
     )
+
+
+def _load_gguf(checkpoint: Checkpoint, kind: str) -> LoadedModel:
+    """A GGUF file: the same families, weights named by the file's map; identity counted as llama.cpp does."""
+    from engine.gguf import load as gguf_load
+
+    model, trunk, name = gguf_load.build(checkpoint)
+    n_params, size = gguf_load.file_counts(checkpoint.gguf)
+    return LoadedModel(model=model, family=name, kind=kind, n_params=n_params, size_bytes=size,
+                       ftype=gguf_load.ftype(checkpoint.gguf), default_pooling=Pooling.NONE,
+                       n_positions=trunk.n_positions, hidden_size=trunk.hidden_size)

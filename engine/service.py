@@ -24,7 +24,7 @@ from engine.pipeline import (
 )
 from engine.prompts import RerankPrompt
 from engine.scheduler import BatchLimits, width_buckets
-from engine.tokenize import TextTokenizer
+from engine.tokenize import TextTokenizer, open_tokenizer
 from engine.types import (
     EmbedResult,
     EngineOptions,
@@ -59,7 +59,8 @@ class Engine:
         started = time.monotonic()
         opts = self.options
         blas.set_threads(opts.threads)
-        ckpt = checkpoint.read(checkpoint.resolve(opts.model_path, opts.hf_repo, opts.offline))
+        ckpt = checkpoint.read(checkpoint.resolve(opts.model_path, opts.hf_repo, opts.offline, opts.hf_file),
+                               label=opts.model_path or "")
         rank_mode = opts.pooling is Pooling.RANK
         kind = registry.kind_of(ckpt)
         if rank_mode and kind == registry.EMBEDDER:
@@ -70,7 +71,7 @@ class Engine:
             raise UnsupportedCheckpoint(
                 f"{ckpt.path}: {ckpt.architecture} is a reranker ({kind}), not an embedding model; "
                 f"start it with --reranking")
-        tokenizer = TextTokenizer(ckpt)
+        tokenizer = open_tokenizer(ckpt)
         loaded = registry.load(ckpt)
         if kind == registry.GENERATIVE_RERANKER:
             mode = Pooling.RANK
@@ -92,14 +93,15 @@ class Engine:
                                 opts.half_step_widths)
         self._tokenizer = tokenizer
         self._info = ModelInfo(
-            path=str(ckpt.path), model_type=ckpt.model_type, architecture=ckpt.architecture,
+            path=ckpt.display_path, model_type=ckpt.model_type, architecture=ckpt.architecture,
             vocab_type=tokenizer.vocab_type, n_vocab=tokenizer.n_vocab, n_embd=loaded.hidden_size,
             n_ctx_train=n_positions, n_params=loaded.n_params, size_bytes=loaded.size_bytes, ftype=loaded.ftype,
             pooling=mode, max_input_tokens=fitted.max_seq,
             truncate_tokens=limits.truncation_length(ckpt.max_seq_length, n_positions, fitted.max_seq),
             slot_ctx=slot_ctx, n_slots=n_slots, bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token,
             kind=loaded.kind, batch_tokens=fitted.max_tokens, batch_rows=fitted.max_rows,
-            widths=tuple(width_buckets(fitted.max_seq, fitted.half_steps)))
+            widths=tuple(width_buckets(fitted.max_seq, fitted.half_steps)),
+            file_format="gguf" if ckpt.gguf is not None else "safetensors")
         log.info("loaded %s (%s, %s, %s) in %.2f s: pooling %s, %d params, per-input limit %d tokens, "
                  "batches of up to %d rows / %d tokens, BLAS: %s",
                  ckpt.path, ckpt.model_type, ckpt.architecture or "-", loaded.kind, time.monotonic() - started,
