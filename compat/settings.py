@@ -155,6 +155,12 @@ class Settings(BaseSettings):
         group="embeddings", per_model=True,
         help="generative rerankers: the <Instruct> task text; unset = the model card's web search instruction; "
              "a request's 'instruction' overrides it")
+    default_prompt_name: str | None = option(
+        None, flags=["--default-prompt-name"], env="LLAMA_ARG_DEFAULT_PROMPT_NAME", metavar="NAME",
+        group="embeddings", per_model=True,
+        help="embedding models: the prompt (a name from the checkpoint's config_sentence_transformers.json "
+             "'prompts') put before every text input when a request gives no 'prompt_name'; unset = the "
+             "checkpoint's default_prompt_name, else none")
 
     ctx_size: int = option(0, flags=["-c", "--ctx-size"], env="LLAMA_ARG_CTX_SIZE", metavar="N",
                            group="batching", per_model=True,
@@ -309,6 +315,7 @@ class Settings(BaseSettings):
             threads=self.threads,
             rerank_sigmoid=self.rerank_sigmoid,
             rerank_instruction=self.rerank_instruction,
+            default_prompt_name=self.default_prompt_name,
         )
 
 

@@ -41,6 +41,9 @@ class Checkpoint:
     module_types: tuple[str, ...] = ()
     pooling: Pooling | None = None  # from 1_Pooling/config.json
     max_seq_length: int | None = None  # sentence_bert_config or tokenizer_config model_max_length
+    # config_sentence_transformers.json: named prompts prepended to texts, and the one used by default
+    prompts: dict[str, str] = field(default_factory=dict)
+    default_prompt_name: str | None = None
     gguf: Any = None  # a GGUF file (engine.gguf.reader.GGUFFile); config above is derived from its metadata
     label: str = ""  # the path as the user gave it (llama-server reports -m as typed)
 
@@ -115,6 +118,7 @@ def read(path: Path, label: str = "") -> Checkpoint:
     special_tokens = _read_json_optional(path / "special_tokens_map.json")
     module_types = _read_module_types(path)
     pooling = _read_pooling(path / "1_Pooling" / "config.json")
+    prompts, default_prompt_name = _read_prompts(path / "config_sentence_transformers.json")
     return Checkpoint(
         path=path,
         config=config,
@@ -123,6 +127,8 @@ def read(path: Path, label: str = "") -> Checkpoint:
         module_types=module_types,
         pooling=pooling,
         max_seq_length=_read_max_seq_length(path, tokenizer_config),
+        prompts=prompts,
+        default_prompt_name=default_prompt_name,
     )
 
 
@@ -172,6 +178,20 @@ def _read_pooling(path: Path) -> Pooling | None:
         raise UnsupportedCheckpoint(f"{path}: pooling mode {mode!r} is not supported "
                                     f"(supported: {', '.join(_POOLING_NAMES)})")
     return _POOLING_NAMES[mode]
+
+
+def _read_prompts(path: Path) -> tuple[dict[str, str], str | None]:
+    """sentence-transformers' `prompts` ({name: text}) and `default_prompt_name`, checked to agree."""
+    cfg = _read_json_optional(path)
+    prompts = cfg.get("prompts") or {}
+    if not isinstance(prompts, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                for k, v in prompts.items()):
+        raise UnsupportedCheckpoint(f"{path}: 'prompts' must map prompt names to strings")
+    default = cfg.get("default_prompt_name")
+    if default is not None and default not in prompts:
+        raise UnsupportedCheckpoint(f"{path}: default_prompt_name {default!r} is not one of its prompts "
+                                    f"({', '.join(sorted(prompts)) or 'none'})")
+    return dict(prompts), default
 
 
 def _read_max_seq_length(path: Path, tokenizer_config: dict[str, Any]) -> int | None:

@@ -14,13 +14,14 @@ from engine.errors import UnsupportedCheckpoint
 from engine.types import Pooling
 
 # config.json spellings that differ from our file names.
-MODEL_TYPE_ALIASES = {"xlm-roberta": "xlm_roberta"}
+MODEL_TYPE_ALIASES = {"xlm-roberta": "xlm_roberta", "siglip_text_model": "siglip"}
 
 # What each family file serves, by architectures[0] ("" = a config without architectures).
 EMBEDDERS = {
     "bert": {"", "BertModel", "BertForMaskedLM", "BertForPreTraining"},
     "xlm_roberta": {"", "XLMRobertaModel", "XLMRobertaForMaskedLM"},
     "modernbert": {"", "ModernBertModel", "ModernBertForMaskedLM"},
+    "siglip": {"", "SiglipModel", "SiglipTextModel"},
 }
 CROSS_ENCODERS = {
     "bert": "BertForSequenceClassification",
@@ -34,6 +35,7 @@ GENERATIVE_RERANKERS = {
 
 # Without 1_Pooling/config.json: what sentence-transformers itself would do with a bare encoder.
 FAMILY_DEFAULT_POOLING = {"bert": Pooling.MEAN, "xlm_roberta": Pooling.MEAN, "modernbert": Pooling.MEAN}
+FAMILY_DEFAULT_POOLING["siglip"] = Pooling.LAST  # reported only: the towers pool at their own last position
 
 EMBEDDER, CROSS_ENCODER, GENERATIVE_RERANKER = "embedder", "cross-encoder", "generative-reranker"
 
@@ -51,6 +53,9 @@ class LoadedModel:
     default_pooling: Pooling
     n_positions: int
     hidden_size: int
+    fixed_width: int | None = None  # every row padded to this width (families trained on one width)
+    image_size: int | None = None  # the square image side a vision tower takes; None: text only
+    image_tokens: int = 0  # what one image counts as (its patches)
 
 
 def family_name(checkpoint: Checkpoint) -> str:
@@ -118,6 +123,8 @@ def load(checkpoint: Checkpoint) -> LoadedModel:
         n_params=sum(p.size for _, p in params), size_bytes=sum(p.nbytes for _, p in params), ftype=ftype,
         default_pooling=FAMILY_DEFAULT_POOLING.get(name, Pooling.MEAN),
         n_positions=trunk.n_positions, hidden_size=trunk.hidden_size,
+        fixed_width=getattr(trunk, "fixed_width", None), image_size=getattr(trunk, "image_size", None),
+        image_tokens=getattr(trunk, "image_tokens", 0),
     )
 
 

@@ -22,7 +22,7 @@ from engine.pipeline import (
     EmbeddingPipeline,
     GenerativeRerankPipeline,
 )
-from engine.prompts import RerankPrompt
+from engine.prompts import INSTRUCTION_TEMPLATES, RerankPrompt, default_prompt_name
 from engine.scheduler import BatchLimits, width_buckets
 from engine.tokenize import TextTokenizer, open_tokenizer
 from engine.types import (
@@ -71,6 +71,8 @@ class Engine:
             raise UnsupportedCheckpoint(
                 f"{ckpt.path}: {ckpt.architecture} is a reranker ({kind}), not an embedding model; "
                 f"start it with --reranking")
+        embedder = kind == registry.EMBEDDER
+        prompt_default = default_prompt_name(ckpt, opts.default_prompt_name) if embedder else None
         tokenizer = open_tokenizer(ckpt)
         loaded = registry.load(ckpt)
         if kind == registry.GENERATIVE_RERANKER:
@@ -82,7 +84,14 @@ class Engine:
             mode = Pooling.RANK
             runner = CrossEncoderPipeline(loaded.model)
         else:
-            mode = pooling.resolve(opts.pooling, ckpt.pooling, loaded.default_pooling)
+            if getattr(loaded.model, "pools_itself", False):  # its head decides; 1_Pooling does not apply
+                if opts.pooling not in (None, loaded.default_pooling):
+                    raise UnsupportedCheckpoint(
+                        f"{ckpt.path}: the {loaded.family} family pools through its own head "
+                        f"({loaded.default_pooling.value}); --pooling {opts.pooling.value} is not supported for it")
+                mode = loaded.default_pooling
+            else:
+                mode = pooling.resolve(opts.pooling, ckpt.pooling, loaded.default_pooling)
             runner = EmbeddingPipeline(loaded.model, mode)
         n_positions = loaded.n_positions
         slot_ctx, n_slots = limits.slots(opts.ctx_size, opts.parallel, n_positions)
@@ -90,7 +99,7 @@ class Engine:
         if opts.max_seq > 0:
             max_input = min(max_input, opts.max_seq)
         fitted = shapes.prepare(runner, tokenizer.pad_id, max_input, opts.max_batch_tokens, opts.max_batch_rows,
-                                opts.half_step_widths)
+                                opts.half_step_widths, loaded.fixed_width or 0)
         self._tokenizer = tokenizer
         self._info = ModelInfo(
             path=ckpt.display_path, model_type=ckpt.model_type, architecture=ckpt.architecture,
@@ -100,7 +109,9 @@ class Engine:
             truncate_tokens=limits.truncation_length(ckpt.max_seq_length, n_positions, fitted.max_seq),
             slot_ctx=slot_ctx, n_slots=n_slots, bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token,
             kind=loaded.kind, batch_tokens=fitted.max_tokens, batch_rows=fitted.max_rows,
-            widths=tuple(width_buckets(fitted.max_seq, fitted.half_steps)),
+            widths=tuple(width_buckets(fitted.max_seq, fitted.half_steps, fitted.fixed_width)),
+            prompts=tuple(ckpt.prompts.items()) if embedder else (), default_prompt_name=prompt_default,
+            instruction_template=INSTRUCTION_TEMPLATES.get(ckpt.model_type) if embedder else None,
             file_format="gguf" if ckpt.gguf is not None else "safetensors")
         log.info("loaded %s (%s, %s, %s) in %.2f s: pooling %s, %d params, per-input limit %d tokens, "
                  "batches of up to %d rows / %d tokens, BLAS: %s",

@@ -47,6 +47,7 @@ class EngineOptions:
     threads: int = -1  # BLAS threads; <= 0 leaves the library default
     rerank_sigmoid: bool = False  # cross-encoder scores as sigmoid(logit) instead of the raw logit
     rerank_instruction: str | None = None  # generative rerankers: the server-wide <Instruct> text
+    default_prompt_name: str | None = None  # embedding models: the prompt texts get when a request names none
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,11 @@ class ModelInfo:
     batch_rows: int = 0  # fitted at load: the most rows of one forward pass
     widths: tuple[int, ...] = ()  # the padded widths prepared at load
     file_format: str = "safetensors"  # "safetensors" | "gguf"
+    # embedding models: named prompts (config_sentence_transformers.json), the default one, and the family's
+    # instruction template ({task}, {text}) where its model card defines one
+    prompts: tuple[tuple[str, str], ...] = ()
+    default_prompt_name: str | None = None
+    instruction_template: str | None = None
 
     @property
     def is_reranker(self) -> bool:

@@ -8,8 +8,9 @@ import falcon
 from compat.errors import bad_request
 from compat.models import EMBEDDING
 from compat.routing import Models
-from compat.wire.embeddings import parse_embeddings_request, render_embeddings_response
+from compat.wire.embeddings import parse_embeddings_request, render_embeddings_response, with_text_prompt
 from compat.wire.inputs import lazy_json_object, parse_model_field
+from engine import text_formatter
 from engine.types import Pooling, Timings
 
 POOLING_NONE_OAI = "Pooling type 'none' is not OAI compatible. Please use a different pooling type"
@@ -27,10 +28,12 @@ class EmbeddingsResource:
             # single model: llama checks this before reading the body, so it wins over bad JSON and `content`
             if self._oai and engine.info.pooling is Pooling.NONE:
                 raise bad_request(POOLING_NONE_OAI)
-            request = parse_embeddings_request(body(), oai_route=self._oai, default_normalize=settings.embd_normalize)
+            request = parse_embeddings_request(body(), oai_route=self._oai, default_normalize=settings.embd_normalize,
+                                               width=engine.info.n_embd)
+            format_text = text_formatter(engine.info, request.prompt_name, request.instruction)
             # tokenize here, on the request thread, so the engine thread only runs forward passes
             started = time.perf_counter()
-            token_lists = [engine.encode_prompt(prompt) for prompt in request.prompts]
+            token_lists = [engine.encode_prompt(with_text_prompt(prompt, format_text)) for prompt in request.prompts]
             tokenize_s = time.perf_counter() - started
             result = engine.embed(token_lists, truncate=request.truncate, timeout_s=served.remaining_s)
             served.record(result)
