@@ -21,6 +21,7 @@ EMBEDDERS = {
     "bert": {"", "BertModel", "BertForMaskedLM", "BertForPreTraining"},
     "xlm_roberta": {"", "XLMRobertaModel", "XLMRobertaForMaskedLM"},
     "modernbert": {"", "ModernBertModel", "ModernBertForMaskedLM"},
+    "nomic_bert": {"", "NomicBertModel", "NomicBertForPreTraining"},
     "siglip": {"", "SiglipModel", "SiglipTextModel"},
 }
 CROSS_ENCODERS = {
@@ -34,7 +35,8 @@ GENERATIVE_RERANKERS = {
 }
 
 # Without 1_Pooling/config.json: what sentence-transformers itself would do with a bare encoder.
-FAMILY_DEFAULT_POOLING = {"bert": Pooling.MEAN, "xlm_roberta": Pooling.MEAN, "modernbert": Pooling.MEAN}
+FAMILY_DEFAULT_POOLING = {"bert": Pooling.MEAN, "xlm_roberta": Pooling.MEAN, "modernbert": Pooling.MEAN,
+                          "nomic_bert": Pooling.MEAN}
 FAMILY_DEFAULT_POOLING["siglip"] = Pooling.LAST  # reported only: the towers pool at their own last position
 
 EMBEDDER, CROSS_ENCODER, GENERATIVE_RERANKER = "embedder", "cross-encoder", "generative-reranker"
