@@ -62,7 +62,7 @@ class Engine:
         ckpt = checkpoint.read(checkpoint.resolve(opts.model_path, opts.hf_repo, opts.offline, opts.hf_file),
                                label=opts.model_path or "")
         rank_mode = opts.pooling is Pooling.RANK
-        kind = registry.kind_of(ckpt)
+        kind = registry.kind_of(ckpt, rank=rank_mode)
         if rank_mode and kind == registry.EMBEDDER:
             raise UnsupportedCheckpoint(
                 f"{ckpt.path}: rank mode (--reranking / --pooling rank) needs a reranker checkpoint; "
@@ -74,7 +74,7 @@ class Engine:
         embedder = kind == registry.EMBEDDER
         prompt_default = default_prompt_name(ckpt, opts.default_prompt_name) if embedder else None
         tokenizer = open_tokenizer(ckpt)
-        loaded = registry.load(ckpt)
+        loaded = registry.load(ckpt, kind)
         if kind == registry.GENERATIVE_RERANKER:
             mode = Pooling.RANK
             self._prompt = RerankPrompt(ckpt, fallback=f"{loaded.family}_reranker.jinja")
@@ -108,7 +108,7 @@ class Engine:
             pooling=mode, max_input_tokens=fitted.max_seq,
             truncate_tokens=limits.truncation_length(ckpt.max_seq_length, n_positions, fitted.max_seq),
             slot_ctx=slot_ctx, n_slots=n_slots, bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token,
-            kind=loaded.kind, batch_tokens=fitted.max_tokens, batch_rows=fitted.max_rows,
+            kind=loaded.kind, family=loaded.family, batch_tokens=fitted.max_tokens, batch_rows=fitted.max_rows,
             widths=tuple(width_buckets(fitted.max_seq, fitted.half_steps, fitted.fixed_width)),
             prompts=tuple(ckpt.prompts.items()) if embedder else (), default_prompt_name=prompt_default,
             instruction_template=INSTRUCTION_TEMPLATES.get(ckpt.model_type) if embedder else None,

@@ -76,6 +76,7 @@ class ModelInfo:
     batch_rows: int = 0  # fitted at load: the most rows of one forward pass
     widths: tuple[int, ...] = ()  # the padded widths prepared at load
     file_format: str = "safetensors"  # "safetensors" | "gguf"
+    family: str = ""  # the engine/families file serving it (model_type aliases resolved: mistral -> llama)
     # embedding models: named prompts (config_sentence_transformers.json), the default one, and the family's
     # instruction template ({task}, {text}) where its model card defines one
     prompts: tuple[tuple[str, str], ...] = ()

@@ -12,6 +12,7 @@ import mlx.nn as nn
 from engine.errors import UnsupportedCheckpoint
 from engine.families.base import (
     BaseModelArgs,
+    Trunk,
     activation,
     attention,
     padding_mask,
@@ -138,7 +139,7 @@ class BertPooler(nn.Module):
         return mx.tanh(self.dense(hidden[:, 0]))
 
 
-class Model(nn.Module):
+class Model(Trunk):
     """The trunk: token ids -> final hidden states [B, L, D]. The pooler only exists for classifiers."""
 
     def __init__(self, args: ModelArgs, add_pooler: bool = False):
@@ -148,14 +149,6 @@ class Model(nn.Module):
         self.encoder = BertEncoder(args)
         if add_pooler:
             self.pooler = BertPooler(args)
-
-    @property
-    def hidden_size(self) -> int:
-        return self.args.hidden_size
-
-    @property
-    def n_positions(self) -> int:
-        return self.args.max_position_embeddings
 
     def position_ids(self, input_ids: mx.array, attention_mask: mx.array) -> mx.array:
         return mx.broadcast_to(mx.arange(input_ids.shape[1]), input_ids.shape)

@@ -55,7 +55,10 @@ def build(checkpoint: Checkpoint) -> tuple[nn.Module, nn.Module, str]:
     for name in gguf.tensors:
         hf_key = mapping.key(name)
         if hf_key is not None:
-            trunk_weights[hf_key] = tensor(gguf, name)
+            weight = tensor(gguf, name)
+            if hasattr(mapping, "transform"):
+                weight = mapping.transform(name, weight, checkpoint.config)
+            trunk_weights[hf_key] = weight
         elif RankHead.key(name) is not None:
             head_weights[RankHead.key(name)] = tensor(gguf, name)
         else:

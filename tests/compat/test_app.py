@@ -587,7 +587,7 @@ def test_props_shape_and_values(make_client):
     assert list(body) == ["default_generation_settings", "total_slots", "model_alias", "model_ftype", "model_path",
                           "modalities", "endpoint_slots", "endpoint_props", "endpoint_metrics", "ui",
                           "chat_template", "bos_token", "eos_token", "build_info", "is_sleeping",
-                          "cors_proxy_enabled", "max_seq", "rows", "batch_tokens", "widths", "prompts",
+                          "cors_proxy_enabled", "family", "max_seq", "rows", "batch_tokens", "widths", "prompts",
                           "default_prompt_name", "instruction_template", "dimensions"]
     assert list(body["default_generation_settings"]) == ["params", "n_ctx"]
     assert list(body["default_generation_settings"]["params"]) == PARAMS_KEYS
@@ -601,6 +601,7 @@ def test_props_shape_and_values(make_client):
     assert body["build_info"].startswith("mlx-embed-server-")
     assert body["is_sleeping"] is False
     assert (body["max_seq"], body["rows"], body["batch_tokens"], body["widths"]) == (16, 16, 4096, [8, 16, 512])
+    assert body["family"] == "bert"
     assert (body["prompts"], body["default_prompt_name"], body["instruction_template"]) == ({}, None, None)
     assert body["dimensions"] == {"min": 1, "max": 4}
 
