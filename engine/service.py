@@ -164,17 +164,33 @@ class Engine:
         return self.tokenizer.decode(ids)
 
     # -- requests ---------------------------------------------------------------------------------
+    def embed_prompts(self, prompts: Sequence[Sequence[str | int]], *, truncate: bool | None = None,
+                      timeout_s: float = 3600) -> EmbedResult:
+        """Tokenize llama-server prompts (text and token-id parts, see encode_prompt) in one batched call on
+        the caller's thread, then embed them. Vectors are not normalized (callers choose embd_normalize)."""
+        self._require_embedder()
+        started = time.monotonic()
+        token_lists = self.tokenizer.encode_prompts(prompts)
+        tokenize_s = time.monotonic() - started
+        result = self.embed(token_lists, truncate=truncate, timeout_s=timeout_s)
+        result.timings.tokenize_s += tokenize_s
+        return result
+
     def embed(self, token_lists: list[list[int]], *, truncate: bool | None = None,
               timeout_s: float = 3600) -> EmbedResult:
         """Embed already tokenized inputs. Vectors are not normalized (callers choose embd_normalize)."""
-        info = self.info
-        if info.is_reranker:
-            raise InvalidInput("this server runs a reranker (rank pooling): it serves /rerank, not embeddings")
+        info = self._require_embedder()
         cut = self.options.truncate if truncate is None else truncate
         fitted = [self._fit(ids, info, cut) for ids in token_lists]
         results, timings = self._serve(fitted, None, timeout_s)
         return EmbedResult(vectors=[r.value for r in results], n_tokens=[len(ids) for ids in fitted],
                            timings=timings)
+
+    def _require_embedder(self) -> ModelInfo:
+        info = self.info
+        if info.is_reranker:
+            raise InvalidInput("this server runs a reranker (rank pooling): it serves /rerank, not embeddings")
+        return info
 
     def rerank(self, query: str, documents: Sequence[str], *, truncate: bool | None = None,
                instruction: str | None = None, timeout_s: float = 3600) -> RerankResult:
@@ -191,9 +207,12 @@ class Engine:
         started = time.monotonic()
         if self._prompt is not None:
             task = instruction or self.options.rerank_instruction
-            pairs = [(self._fit_prompt(query, doc, task, info, cut), None) for doc in documents]
+            rendered = self.tokenizer.encode_batch([self._prompt.render(query, doc, task) for doc in documents],
+                                                   add_special=False)
+            pairs = [(self._fit_prompt(ids, query, doc, task, info, cut), None)
+                     for ids, doc in zip(rendered, documents)]
         else:
-            pairs = [self._fit_pair(query, doc, info, cut) for doc in documents]
+            pairs = self._fit_pairs(query, documents, info, cut)
         tokenize_s = time.monotonic() - started
         type_lists = None if self._prompt is not None else [types for _, types in pairs]
         results, timings = self._serve([ids for ids, _ in pairs], type_lists, timeout_s)
@@ -235,20 +254,23 @@ class Engine:
         self._too_long(len(ids), info)
         return ids
 
-    def _fit_pair(self, query: str, document: str, info: ModelInfo, truncate: bool) -> tuple[list[int], list[int]]:
-        ids, types = self.tokenizer.encode_pair(query, document)
-        if len(ids) <= info.max_input_tokens:
-            return ids, types
-        if truncate:
-            return self.tokenizer.encode_pair(query, document, max_length=info.truncate_tokens)
-        self._too_long(len(ids), info)
-        return ids, types
+    def _fit_pairs(self, query: str, documents: Sequence[str], info: ModelInfo,
+                   truncate: bool) -> list[tuple[list[int], list[int]]]:
+        """(ids, token types) of every (query, document) pair; over-long pairs are cut (re-encoded with the
+        tokenizer's longest-first truncation) or refused."""
+        pairs = self.tokenizer.encode_pairs([(query, doc) for doc in documents])
+        too_long = [i for i, (ids, _) in enumerate(pairs) if len(ids) > info.max_input_tokens]
+        if too_long and not truncate:
+            self._too_long(len(pairs[too_long[0]][0]), info)
+        cut = self.tokenizer.encode_pairs([(query, documents[i]) for i in too_long], max_length=info.truncate_tokens)
+        for i, fitted in zip(too_long, cut, strict=True):
+            pairs[i] = fitted
+        return pairs
 
-    def _fit_prompt(self, query: str, document: str, instruction: str | None, info: ModelInfo,
+    def _fit_prompt(self, ids: list[int], query: str, document: str, instruction: str | None, info: ModelInfo,
                     truncate: bool) -> list[int]:
-        """The rendered prompt's tokens; truncation cuts the query/document content, never the scaffold."""
+        """The rendered prompt's tokens `ids`; truncation cuts the query/document content, never the scaffold."""
         tok = self.tokenizer
-        ids = tok.encode(self._prompt.render(query, document, instruction), add_special=False)
         if len(ids) <= info.max_input_tokens:
             return ids
         if not truncate:

