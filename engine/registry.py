@@ -85,6 +85,10 @@ def kind_of(checkpoint: Checkpoint, rank: bool = False) -> str:
     rank: the server was started in rank mode (--reranking), which makes a causal LM that has a yes/no recipe
     a generative reranker; otherwise it is an embedder like any decoder backbone.
     """
+    if checkpoint.gguf is not None:
+        from engine.gguf.load import is_reranker
+
+        return CROSS_ENCODER if is_reranker(checkpoint.gguf) else EMBEDDER
     name, arch = family_name(checkpoint), checkpoint.architecture
     if CROSS_ENCODERS.get(name) == arch:
         return CROSS_ENCODER
@@ -109,6 +113,8 @@ def load(checkpoint: Checkpoint, kind: str | None = None) -> LoadedModel:
     kind: what kind_of() decided for the server's mode (default: its embedding-mode answer).
     """
     kind = kind or kind_of(checkpoint)
+    if checkpoint.gguf is not None:
+        return _load_gguf(checkpoint, kind)
     name = family_name(checkpoint)
     family: ModuleType = importlib.import_module(f"engine.families.{name}")
     args = family.ModelArgs.from_dict(checkpoint.config)
@@ -146,6 +152,17 @@ def load(checkpoint: Checkpoint, kind: str | None = None) -> LoadedModel:
         fixed_width=getattr(trunk, "fixed_width", None), image_size=getattr(trunk, "image_size", None),
         image_tokens=getattr(trunk, "image_tokens", 0),
     )
+
+
+def _load_gguf(checkpoint: Checkpoint, kind: str) -> LoadedModel:
+    """A GGUF file: the same families, weights named by the file's map; identity counted as llama.cpp does."""
+    from engine.gguf import load as gguf_load
+
+    model, trunk, name = gguf_load.build(checkpoint)
+    n_params, size = gguf_load.file_counts(checkpoint.gguf)
+    return LoadedModel(model=model, family=name, kind=kind, n_params=n_params, size_bytes=size,
+                       ftype=gguf_load.ftype(checkpoint.gguf), default_pooling=Pooling.NONE,
+                       n_positions=trunk.n_positions, hidden_size=trunk.hidden_size)
 
 
 def is_bidirectional(config: dict) -> bool:

@@ -24,7 +24,7 @@ from engine.pipeline import (
 )
 from engine.prompts import INSTRUCTION_TEMPLATES, RerankPrompt, default_prompt_name
 from engine.scheduler import BatchLimits, width_buckets
-from engine.tokenize import TextTokenizer
+from engine.tokenize import TextTokenizer, open_tokenizer
 from engine.types import (
     EmbedResult,
     EngineOptions,
@@ -59,7 +59,8 @@ class Engine:
         started = time.monotonic()
         opts = self.options
         blas.set_threads(opts.threads)
-        ckpt = checkpoint.read(checkpoint.resolve(opts.model_path, opts.hf_repo, opts.offline))
+        ckpt = checkpoint.read(checkpoint.resolve(opts.model_path, opts.hf_repo, opts.offline, opts.hf_file),
+                               label=opts.model_path or "")
         rank_mode = opts.pooling is Pooling.RANK
         kind = registry.kind_of(ckpt, rank=rank_mode)
         if rank_mode and kind == registry.EMBEDDER:
@@ -72,7 +73,7 @@ class Engine:
                 f"start it with --reranking")
         embedder = kind == registry.EMBEDDER
         prompt_default = default_prompt_name(ckpt, opts.default_prompt_name) if embedder else None
-        tokenizer = TextTokenizer(ckpt)
+        tokenizer = open_tokenizer(ckpt)
         loaded = registry.load(ckpt, kind)
         if kind == registry.GENERATIVE_RERANKER:
             mode = Pooling.RANK
@@ -101,7 +102,7 @@ class Engine:
                                 opts.half_step_widths, loaded.fixed_width or 0)
         self._tokenizer = tokenizer
         self._info = ModelInfo(
-            path=str(ckpt.path), model_type=ckpt.model_type, architecture=ckpt.architecture,
+            path=ckpt.display_path, model_type=ckpt.model_type, architecture=ckpt.architecture,
             vocab_type=tokenizer.vocab_type, n_vocab=tokenizer.n_vocab, n_embd=loaded.hidden_size,
             n_ctx_train=n_positions, n_params=loaded.n_params, size_bytes=loaded.size_bytes, ftype=loaded.ftype,
             pooling=mode, max_input_tokens=fitted.max_seq,
@@ -110,7 +111,8 @@ class Engine:
             kind=loaded.kind, family=loaded.family, batch_tokens=fitted.max_tokens, batch_rows=fitted.max_rows,
             widths=tuple(width_buckets(fitted.max_seq, fitted.half_steps, fitted.fixed_width)),
             prompts=tuple(ckpt.prompts.items()) if embedder else (), default_prompt_name=prompt_default,
-            instruction_template=INSTRUCTION_TEMPLATES.get(ckpt.model_type) if embedder else None)
+            instruction_template=INSTRUCTION_TEMPLATES.get(ckpt.model_type) if embedder else None,
+            file_format="gguf" if ckpt.gguf is not None else "safetensors")
         log.info("loaded %s (%s, %s, %s) in %.2f s: pooling %s, %d params, per-input limit %d tokens, "
                  "batches of up to %d rows / %d tokens, BLAS: %s",
                  ckpt.path, ckpt.model_type, ckpt.architecture or "-", loaded.kind, time.monotonic() - started,
