@@ -15,7 +15,7 @@ from engine.types import Pooling
 
 # config.json spellings that differ from our file names.
 MODEL_TYPE_ALIASES = {"xlm-roberta": "xlm_roberta", "siglip_text_model": "siglip", "mistral": "llama",
-                      "llama_bidirec": "llama"}
+                      "llama_bidirec": "llama", "new": "gte"}
 
 # What each family file serves, by architectures[0] ("" = a config without architectures).
 EMBEDDERS = {
@@ -28,12 +28,16 @@ EMBEDDERS = {
     "qwen3": {"", "Qwen3Model", "Qwen3ForCausalLM"},
     "gemma3_text": {"", "Gemma3TextModel", "Gemma3ForCausalLM"},
     "nomic_bert": {"", "NomicBertModel", "NomicBertForPreTraining"},
+    # gte-multilingual-base ships as NewForTokenClassification (its sparse-weight head); the trunk embeds
+    "gte": {"", "NewModel", "GteModel", "NewForMaskedLM", "GteForMaskedLM", "NewForTokenClassification",
+            "GteForTokenClassification"},
     "siglip": {"", "SiglipModel", "SiglipTextModel"},
 }
 CROSS_ENCODERS = {
     "bert": "BertForSequenceClassification",
     "xlm_roberta": "XLMRobertaForSequenceClassification",
     "modernbert": "ModernBertForSequenceClassification",
+    "gte": "NewForSequenceClassification",  # gte-multilingual-reranker-base
 }
 # Causal LMs scored by the yes/no recipe with --reranking (engine/prompts.py builds their prompt); with
 # --embedding the same checkpoint is an embedder.
@@ -43,7 +47,7 @@ GENERATIVE_RERANKERS = {
 
 # Without 1_Pooling/config.json: what sentence-transformers itself would do with a bare encoder.
 FAMILY_DEFAULT_POOLING = {"bert": Pooling.MEAN, "xlm_roberta": Pooling.MEAN, "modernbert": Pooling.MEAN,
-                          "nomic_bert": Pooling.MEAN}
+                          "nomic_bert": Pooling.MEAN, "gte": Pooling.MEAN}
 FAMILY_DEFAULT_POOLING["siglip"] = Pooling.LAST  # reported only: the towers pool at their own last position
 # Decoder backbones without 1_Pooling: a bidirectional embedding export (LLM2Vec, EmbeddingGemma) mean-pools,
 # a bare Qwen3Model export is Qwen3-Embedding (last token); any other decoder gets what llama-server gives a
@@ -81,6 +85,10 @@ def kind_of(checkpoint: Checkpoint, rank: bool = False) -> str:
     rank: the server was started in rank mode (--reranking), which makes a causal LM that has a yes/no recipe
     a generative reranker; otherwise it is an embedder like any decoder backbone.
     """
+    if checkpoint.gguf is not None:
+        from engine.gguf.load import is_reranker
+
+        return CROSS_ENCODER if is_reranker(checkpoint.gguf) else EMBEDDER
     name, arch = family_name(checkpoint), checkpoint.architecture
     if CROSS_ENCODERS.get(name) == arch:
         return CROSS_ENCODER
@@ -106,6 +114,8 @@ def load(checkpoint: Checkpoint, kind: str | None = None, dtype: str = "auto") -
     compute dtype (auto: float32 on a CPU, the checkpoint's own on a GPU; see engine/weights.py).
     """
     kind = kind or kind_of(checkpoint)
+    if checkpoint.gguf is not None:
+        return _load_gguf(checkpoint, kind)
     name = family_name(checkpoint)
     family: ModuleType = importlib.import_module(f"engine.families.{name}")
     args = family.ModelArgs.from_dict(checkpoint.config)
@@ -148,6 +158,17 @@ def load(checkpoint: Checkpoint, kind: str | None = None, dtype: str = "auto") -
         fixed_width=getattr(trunk, "fixed_width", None), image_size=getattr(trunk, "image_size", None),
         image_tokens=getattr(trunk, "image_tokens", 0), projection=projection,
     )
+
+
+def _load_gguf(checkpoint: Checkpoint, kind: str) -> LoadedModel:
+    """A GGUF file: the same families, weights named by the file's map; identity counted as llama.cpp does."""
+    from engine.gguf import load as gguf_load
+
+    model, trunk, name = gguf_load.build(checkpoint)
+    n_params, size = gguf_load.file_counts(checkpoint.gguf)
+    return LoadedModel(model=model, family=name, kind=kind, n_params=n_params, size_bytes=size,
+                       ftype=gguf_load.ftype(checkpoint.gguf), default_pooling=Pooling.NONE,
+                       n_positions=trunk.n_positions, hidden_size=trunk.hidden_size)
 
 
 def is_bidirectional(config: dict) -> bool:

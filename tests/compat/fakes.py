@@ -85,6 +85,10 @@ class FakeEngine:
     def decode(self, ids: Sequence[int]) -> str:
         return " ".join(self._words.get(t, "?") for t in ids)
 
+    def embed_prompts(self, prompts: Sequence[Sequence[str | int]], *, truncate: bool | None = None,
+                      timeout_s: float = 3600) -> EmbedResult:
+        return self.embed([self.encode_prompt(parts) for parts in prompts], truncate=truncate, timeout_s=timeout_s)
+
     def embed(self, token_lists: list[list[int]], *, truncate: bool | None = None,
               timeout_s: float = 3600) -> EmbedResult:
         self.embed_calls.append({"token_lists": token_lists, "truncate": truncate, "timeout_s": timeout_s})
