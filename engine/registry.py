@@ -92,10 +92,18 @@ def kind_of(checkpoint: Checkpoint, rank: bool = False) -> str:
     name, arch = family_name(checkpoint), checkpoint.architecture
     if CROSS_ENCODERS.get(name) == arch:
         return CROSS_ENCODER
-    if GENERATIVE_RERANKERS.get(name) == arch and (rank or arch not in EMBEDDERS.get(name, ())):
+    # A sentence-transformers pooling layout (1_Pooling, a Pooling module) marks an embedding export, such as
+    # Qwen3-Embedding's Qwen3ForCausalLM: never a yes/no reranker, whatever the mode.
+    pooled_export = checkpoint.pooling is not None or "Pooling" in checkpoint.module_types
+    if GENERATIVE_RERANKERS.get(name) == arch and ((rank and not pooled_export) or arch not in EMBEDDERS.get(name, ())):
         return GENERATIVE_RERANKER
     if arch in EMBEDDERS.get(name, ()):
         return EMBEDDER
+    if arch.endswith("ForSequenceClassification"):
+        with_heads = ", ".join(sorted(CROSS_ENCODERS.values()))
+        raise UnsupportedCheckpoint(
+            f"{checkpoint.path}: {arch} is a sequence classifier: it is never served as an embedding model, and "
+            f"only these are served as cross-encoders (--reranking): {with_heads}")
     served = sorted({*EMBEDDERS, *CROSS_ENCODERS, *GENERATIVE_RERANKERS})
     if name not in served:
         raise UnsupportedCheckpoint(
