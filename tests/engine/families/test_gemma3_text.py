@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from engine import Pooling, checkpoint, registry
+from engine import Engine, EngineOptions, Pooling, checkpoint, registry
 from engine.errors import UnsupportedCheckpoint
 from engine.families import gemma3_text
 from tests.engine.families.decoder_fixture import (
@@ -219,8 +219,9 @@ def test_embeddinggemma_300m_matches_sentence_transformers():
     expected = st.encode(texts, convert_to_numpy=True)
     ids = [st.tokenizer(text).input_ids for text in texts]
     assert len(ids[-1]) > 600
-    eng = start_engine(folder, ubatch_tokens=1024, max_seq=1024)
+    eng = Engine(EngineOptions(model_path=str(folder), ubatch_tokens=1024, max_seq=1024, threads=2))
     try:
+        eng.wait_loaded(1800)  # 300M parameters, every width up to 1024 warmed
         assert eng.info.n_embd == 768 and eng.info.pooling is Pooling.MEAN and eng.info.family == "gemma3_text"
         assert [eng.tokenizer.encode(t) for t in texts] == ids
         ours = eng.embed(ids).vectors
