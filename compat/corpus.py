@@ -255,9 +255,9 @@ def run_command(command: EmbedCommand, progress_to: TextIO = sys.stderr) -> int:
         progress_to.write(f"no row could be embedded ({len(failures)} failed): {output} not written\n")
         return 1
     rows, dimension = written
-    if not command.quiet:
-        progress_to.write(f"wrote {output}: {rows} vectors of {dimension} values in {seconds:.1f} s "
-                          f"({progress.embedded / max(seconds, 1e-9):.1f} texts/s this run)\n")
+    progress_to.write(f"wrote {output}: {rows} vectors of {dimension} values; this run embedded "
+                      f"{progress.embedded} in {seconds:.1f} s ({progress.embedded / max(seconds, 1e-9):.1f} "
+                      f"texts/s, the model's load included)\n")
     if failures:
         progress_to.write(f"{len(failures)} row{'s' if len(failures) != 1 else ''} failed and "
                           f"{'are' if len(failures) != 1 else 'is'} not in {output}\n")
