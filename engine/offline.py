@@ -17,6 +17,7 @@ import numpy as np
 
 from engine.errors import InvalidInput
 from engine.normalize import normalize_embedding
+from engine.prompts import text_formatter
 from engine.service import Engine
 from engine.types import EngineOptions, ModelInfo, Pooling
 
@@ -112,13 +113,13 @@ class Encoder(_Loaded):
         return self.info.n_embd
 
     def _prompts(self, texts: Iterable[str], prompt_name: str | None, instruction: str | None) -> list[list[str]]:
-        if prompt_name is not None or instruction is not None:
-            raise InvalidInput("prompt_name and instruction are not supported by this engine yet")
+        """Each text as the server's one-text prompt, with the prompt or instruction the server would add."""
+        format_text = text_formatter(self.info, prompt_name, instruction)
         prompts = []
         for text in texts:
             if not isinstance(text, str):
                 raise InvalidInput(f"texts must be strings, not {type(text).__name__}")
-            prompts.append([text])
+            prompts.append([format_text(text)])
         return prompts
 
     def encode(self, texts: str | Sequence[str], *, normalize: bool | int = True, dimensions: int | None = None,
@@ -177,6 +178,7 @@ class Encoder(_Loaded):
         p = normalization(normalize)
         info, truncate = self.info, self.engine.options.truncate
         size = check_dimensions(dimensions, info.n_embd)
+        format_text = text_formatter(info, prompt_name, instruction)
         errors: list[str | None] = [None] * len(texts)
         token_lists: list[list[int]] = []
         good: list[int] = []
@@ -188,7 +190,7 @@ class Encoder(_Loaded):
             elif not text.strip():
                 errors[i] = "empty text"
             else:
-                ids = self.engine.encode_prompt(self._prompts([text], prompt_name, instruction)[0])
+                ids = self.engine.encode_prompt([format_text(text)])
                 if len(ids) > info.max_input_tokens and not truncate:
                     errors[i] = (f"{len(ids)} tokens, over the model's limit of {info.max_input_tokens} "
                                  f"(--truncate cuts it instead)")

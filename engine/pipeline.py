@@ -43,6 +43,9 @@ class EmbeddingPipeline(Pipeline):
         """[B, W] right-padded -> one float32 vector [D] per row ([n_i, D] for pooling none)."""
         mask_mx = mx.array(mask)
         hidden = self.model(mx.array(ids), mask_mx, mx.array(type_ids))
+        if getattr(self.model, "pools_itself", False):  # the family's own head already gave [B, D]
+            pooled = _started(hidden.astype(mx.float32))
+            return lambda: list(np.array(pooled))
         if self.pooling is Pooling.NONE:
             tokens = _started(hidden.astype(mx.float32))
             return lambda: [row[:n] for row, n in zip(np.array(tokens), lengths)]

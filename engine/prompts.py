@@ -1,7 +1,9 @@
-"""Reranker prompts: the checkpoint's own Jinja template when it ships one, else ours from templates/."""
+"""Prompts. Rerankers: the checkpoint's own Jinja template when it ships one, else ours from templates/.
+Embedding models: sentence-transformers' named prompts and the instruction templates model cards define."""
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -9,7 +11,8 @@ from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from engine.checkpoint import Checkpoint
-from engine.errors import UnsupportedCheckpoint
+from engine.errors import InvalidInput, UnsupportedCheckpoint
+from engine.types import ModelInfo
 
 # The model card's default task for Qwen3-Reranker.
 DEFAULT_INSTRUCTION = "Given a web search query, retrieve relevant passages that answer the query"
@@ -75,3 +78,49 @@ class RerankPrompt:
             out.append(PromptPart("query" if mark == _QUERY_MARK else "document"))
             text = text[at + len(mark):]
         return out
+
+
+# Embedding families whose model card defines how a task instruction wraps a query, keyed by model_type.
+# Qwen3-Embedding's card: get_detailed_instruct(task, query) = f'Instruct: {task}\nQuery:{query}' (no space).
+INSTRUCTION_TEMPLATES = {
+    "qwen3": "Instruct: {task}\nQuery:{text}",
+}
+
+
+def default_prompt_name(checkpoint: Checkpoint, chosen: str | None) -> str | None:
+    """--default-prompt-name if given (it must name one of the checkpoint's prompts), else the checkpoint's."""
+    if chosen is None:
+        return checkpoint.default_prompt_name
+    if chosen not in checkpoint.prompts:
+        known = ", ".join(sorted(checkpoint.prompts)) or "none: it has no config_sentence_transformers.json prompts"
+        raise UnsupportedCheckpoint(f"{checkpoint.path}: --default-prompt-name {chosen!r} is not one of the "
+                                    f"model's prompts (known: {known})")
+    return chosen
+
+
+def text_formatter(info: ModelInfo, prompt_name: str | None, instruction: str | None) -> Callable[[str], str]:
+    """How one request's texts are turned into what the model embeds.
+
+    `instruction` fills the family's template; else `prompt_name` (or the default prompt) is prepended, as
+    sentence-transformers' encode(prompt_name=...) does; else texts embed verbatim.
+    """
+    known = ", ".join(name for name, _ in info.prompts) or "none: the model defines no prompts"
+    if instruction is not None:
+        if prompt_name is not None:
+            raise InvalidInput("'instruction' and 'prompt_name' cannot be combined: the instruction template "
+                               "already is the query prompt")
+        if info.instruction_template is None:
+            raise InvalidInput(f"'instruction' is not supported by this model ({info.model_type}): only families "
+                               f"whose model card defines an instruction template take one "
+                               f"({', '.join(sorted(INSTRUCTION_TEMPLATES))} embedding models); "
+                               f"use 'prompt_name' (known: {known})")
+        template = info.instruction_template
+        return lambda text: template.format(task=instruction, text=text)
+    name = prompt_name if prompt_name is not None else info.default_prompt_name
+    if name is None:
+        return lambda text: text
+    prompts = dict(info.prompts)
+    if name not in prompts:
+        raise InvalidInput(f"prompt_name {name!r} is not one of this model's prompts (known: {known})")
+    prefix = prompts[name]
+    return lambda text: prefix + text

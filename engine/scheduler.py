@@ -24,8 +24,10 @@ def padded_width(n_tokens: int, max_seq: int | None = None, half_steps: bool = F
     return min(width, max_seq) if max_seq and n_tokens <= max_seq else width
 
 
-def width_buckets(max_seq: int, half_steps: bool = False) -> list[int]:
-    """Every padded width an input of at most max_seq tokens can get."""
+def width_buckets(max_seq: int, half_steps: bool = False, fixed_width: int = 0) -> list[int]:
+    """Every padded width an input of at most max_seq tokens can get (just fixed_width when rows are fixed)."""
+    if fixed_width:
+        return [fixed_width]
     return sorted({padded_width(n, max_seq, half_steps) for n in range(1, max_seq + 1)})
 
 
@@ -35,8 +37,11 @@ class BatchLimits:
     max_rows: int
     max_seq: int | None = None  # the widest bucket (None before the model is known)
     half_steps: bool = False  # buckets at 1.5x powers of two too
+    fixed_width: int = 0  # every row padded to this width (a family trained on one row width); 0 = buckets
 
     def width(self, n_tokens: int) -> int:
+        if self.fixed_width:
+            return self.fixed_width
         return padded_width(n_tokens, self.max_seq, self.half_steps)
 
 

@@ -29,7 +29,7 @@ def available_memory() -> int:
 
 
 def prepare(runner: Runner, pad_id: int, max_seq: int, max_tokens: int, max_rows: int,
-            half_steps: bool = False) -> BatchLimits:
+            half_steps: bool = False, fixed_width: int = 0) -> BatchLimits:
     """Warm one row per width bucket, measure its activation memory, and fit the caps to memory.
 
     Activation memory grows linearly with rows, so the one-row peak of the widest bucket bounds how
@@ -37,7 +37,7 @@ def prepare(runner: Runner, pad_id: int, max_seq: int, max_tokens: int, max_rows
     """
     budget = int(available_memory() * MEMORY_SHARE)
     per_row: dict[int, int] = {}
-    for width in width_buckets(max_seq, half_steps):
+    for width in width_buckets(max_seq, half_steps, fixed_width):
         mx.reset_peak_memory()
         base = mx.get_active_memory()
         ids = np.full((1, width), pad_id, dtype=np.int32)
@@ -47,13 +47,14 @@ def prepare(runner: Runner, pad_id: int, max_seq: int, max_tokens: int, max_rows
             break
     fitting = [w for w, used in per_row.items() if used <= budget]
     if not fitting:
-        raise MemoryError(f"not even one row of {MIN_WIDTH} tokens fits in the memory available")
+        raise MemoryError(f"not even one row of {fixed_width or MIN_WIDTH} tokens fits in the memory available")
     fitted_seq = min(max_seq, max(fitting))
-    widest = per_row[fitted_seq]
-    fitted_tokens = max(fitted_seq, min(max_tokens, budget // widest * fitted_seq))
+    row = fixed_width or fitted_seq  # the widest row a pass can hold
+    fitted_tokens = max(row, min(max_tokens, budget // per_row[row] * row))
     fitted_rows = max(1, min(max_rows, budget // per_row[min(per_row)]))
     if (fitted_seq, fitted_tokens, fitted_rows) != (max_seq, max_tokens, max_rows):
         log.info("fitted to %d MiB of memory: max_seq %d (asked %d), batch tokens %d (asked %d), rows %d (asked %d)",
                  budget >> 20, fitted_seq, max_seq, fitted_tokens, max_tokens, fitted_rows, max_rows)
-    return BatchLimits(max_tokens=fitted_tokens, max_rows=fitted_rows, max_seq=fitted_seq, half_steps=half_steps)
+    return BatchLimits(max_tokens=fitted_tokens, max_rows=fitted_rows, max_seq=fitted_seq, half_steps=half_steps,
+                       fixed_width=fixed_width)
 

@@ -6,6 +6,7 @@ shortest round-trip form, as llama-server does, without a per-float Python loop;
 from __future__ import annotations
 
 import base64
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +19,8 @@ from engine.types import EmbedResult
 
 NO_INPUT = '"input" or "content" must be provided'
 BAD_FORMAT = "The format to return the embeddings in. Can be either float or base64"
+BAD_PROMPT_NAME = '"prompt_name" must be a string naming one of the model\'s prompts'
+BAD_INSTRUCTION = '"instruction" must be a non-empty string'
 
 
 @dataclass(frozen=True)
@@ -28,10 +31,17 @@ class EmbeddingsRequest:
     embd_normalize: int
     truncate: bool | None  # None: the server's --truncate default
     model: str | None  # echoed when the request named one as a string
+    prompt_name: str | None = None  # a prompt of the model's config_sentence_transformers.json
+    instruction: str | None = None  # fills the family's instruction template
+    dimensions: int | None = None  # keep the first N components (Matryoshka), before normalizing
 
 
-def parse_embeddings_request(body: dict[str, Any], *, oai_route: bool, default_normalize: int) -> EmbeddingsRequest:
-    """Checks in llama's order (§3.1 steps 4, 5, 8); its type-error 500s are 400s here (§13)."""
+def parse_embeddings_request(body: dict[str, Any], *, oai_route: bool, default_normalize: int,
+                             width: int) -> EmbeddingsRequest:
+    """Checks in llama's order (§3.1 steps 4, 5, 8), then our fields; llama's type-error 500s are 400s here (§13).
+
+    width: the model's embedding width, the most `dimensions` may keep.
+    """
     if "input" in body:
         prompts, oai = parse_input_prompts(body["input"]), oai_route
     elif "content" in body:
@@ -51,10 +61,34 @@ def parse_embeddings_request(body: dict[str, Any], *, oai_route: bool, default_n
     if truncate is not None and not isinstance(truncate, bool):
         raise bad_request('"truncate" must be a boolean')
 
+    prompt_name = body.get("prompt_name")
+    if prompt_name is not None and not isinstance(prompt_name, str):
+        raise bad_request(BAD_PROMPT_NAME)
+    instruction = body.get("instruction")
+    if instruction is not None and (not isinstance(instruction, str) or not instruction):
+        raise bad_request(BAD_INSTRUCTION)
+    dimensions = body.get("dimensions")
+    if dimensions is not None and (not isinstance(dimensions, int) or isinstance(dimensions, bool)
+                                   or not 1 <= dimensions <= width):
+        raise bad_request(f'"dimensions" must be an integer from 1 to {width} (the model\'s embedding width)')
+
     model = body.get("model")
     return EmbeddingsRequest(prompts=prompts, oai=oai, encoding_format=encoding_format,
                              embd_normalize=embd_normalize, truncate=truncate,
-                             model=model if isinstance(model, str) else None)
+                             model=model if isinstance(model, str) else None,
+                             prompt_name=prompt_name, instruction=instruction, dimensions=dimensions)
+
+
+def with_text_prompt(prompt: Prompt, format_text: Callable[[str], str]) -> Prompt:
+    """A text input gets the request's prompt or instruction; token ids and mixed inputs embed as given."""
+    if len(prompt) == 1 and isinstance(prompt[0], str):
+        return [format_text(prompt[0])]
+    return prompt
+
+
+def _kept(vector: np.ndarray, dimensions: int | None) -> np.ndarray:
+    """The first `dimensions` components (of each per-token row with pooling none)."""
+    return vector if dimensions is None else vector[..., :dimensions]
 
 
 def _rows(vector: np.ndarray, embd_normalize: int) -> np.ndarray:
@@ -65,7 +99,7 @@ def _rows(vector: np.ndarray, embd_normalize: int) -> np.ndarray:
 
 
 def _oai_item(vector: np.ndarray, index: int, request: EmbeddingsRequest) -> dict[str, Any]:
-    normalized = normalize_embedding(vector, request.embd_normalize)
+    normalized = normalize_embedding(_kept(vector, request.dimensions), request.embd_normalize)
     if request.encoding_format == "base64":
         raw = np.asarray(normalized, dtype="<f4").tobytes()
         return {"embedding": base64.b64encode(raw).decode("ascii"), "index": index, "object": "embedding",
@@ -76,7 +110,7 @@ def _oai_item(vector: np.ndarray, index: int, request: EmbeddingsRequest) -> dic
 def render_embeddings_response(request: EmbeddingsRequest, result: EmbedResult,
                                model_name: str) -> list[dict[str, Any]] | dict[str, Any]:
     if not request.oai:
-        return [{"index": i, "embedding": _rows(vector, request.embd_normalize)}
+        return [{"index": i, "embedding": _rows(_kept(vector, request.dimensions), request.embd_normalize)}
                 for i, vector in enumerate(result.vectors)]
     n_tokens = sum(result.n_tokens)
     return {"model": request.model if request.model is not None else model_name,

@@ -51,11 +51,13 @@ def render_props_response(settings: Settings, info: ModelInfo, version: str,
         "build_info": f"mlx-embed-server-{version}",
         "is_sleeping": False,
         "cors_proxy_enabled": False,
-        # ours, after llama's keys: the shapes fitted at startup
+        # ours, after llama's keys: the family serving the model and the shapes fitted at startup
+        "family": info.family,
         "max_seq": info.max_input_tokens,
         "rows": info.batch_rows,
         "batch_tokens": info.batch_tokens,
         "widths": list(info.widths),
+        **embedding_capabilities(info, prompt_texts=True),
     }
 
 
@@ -67,8 +69,9 @@ def render_models_response(settings: Settings, info: ModelInfo, capabilities: li
         "models": [{
             "name": name, "model": name, "modified_at": "", "size": "", "digest": "", "type": "model",
             "description": "", "tags": [""], "capabilities": capabilities, "parameters": "",
-            "details": {"parent_model": "", "format": "safetensors", "family": info.model_type,
-                        "families": [info.model_type], "parameter_size": "", "quantization_level": ""},
+            "details": {"parent_model": "", "format": info.file_format, "family": info.family or info.model_type,
+                        "families": [info.family or info.model_type], "parameter_size": "",
+                        "quantization_level": ""},
         }],
         "object": "list",
         "data": [{
@@ -87,7 +90,18 @@ def render_model_meta(info: ModelInfo) -> dict[str, Any]:
     """/v1/models `meta` of a loaded model."""
     return {"vocab_type": int(info.vocab_type), "n_vocab": info.n_vocab, "n_ctx": info.slot_ctx,
             "n_ctx_train": info.n_ctx_train, "n_embd": info.n_embd, "n_params": info.n_params,
-            "size": info.size_bytes, "ftype": info.ftype}
+            "size": info.size_bytes, "ftype": info.ftype, **embedding_capabilities(info, prompt_texts=False)}
+
+
+def embedding_capabilities(info: ModelInfo, *, prompt_texts: bool) -> dict[str, Any]:
+    """What an embedding request may ask of this model (ours, absent for rerankers): its prompts (names, or
+    name -> text), the default one, the instruction template, and the `dimensions` range (Matryoshka)."""
+    if info.is_reranker:
+        return {}
+    return {"prompts": dict(info.prompts) if prompt_texts else [name for name, _ in info.prompts],
+            "default_prompt_name": info.default_prompt_name,
+            "instruction_template": info.instruction_template,
+            "dimensions": {"min": 1, "max": info.n_embd}}
 
 
 def render_slots_response(info: ModelInfo, n_processing: int) -> list[dict[str, Any]]:

@@ -41,15 +41,18 @@ class FakeEngine:
     """Tokenizes by splitting on spaces, wraps [CLS]/[SEP] around a leading text part when add_special."""
 
     def __init__(self, pooling: Pooling = Pooling.MEAN, loaded: bool = True, max_input_tokens: int = 16,
-                 limit_kind: str = "ubatch", kind: str = "embedder"):
-        """kind: "embedder" | "cross-encoder" | "generative-reranker" (a reranker has rank pooling)."""
+                 limit_kind: str = "ubatch", kind: str = "embedder", prompts: tuple[tuple[str, str], ...] = (),
+                 default_prompt_name: str | None = None, instruction_template: str | None = None):
+        """kind: "embedder" | "cross-encoder" | "generative-reranker" (a reranker has rank pooling).
+        prompts, default_prompt_name, instruction_template: as a loaded embedding model's ModelInfo carries them."""
         self.is_loaded = loaded
         self.info = ModelInfo(
             path="/models/fake-minilm", model_type="bert", architecture="BertModel", vocab_type=VocabType.WPM,
             n_vocab=N_VOCAB, n_embd=N_EMBD, n_ctx_train=512, n_params=22713216, size_bytes=90868376,
             ftype="F32", pooling=Pooling.RANK if kind != "embedder" else pooling,
             max_input_tokens=max_input_tokens, truncate_tokens=512, slot_ctx=256, n_slots=2, bos_token="[CLS]",
-            eos_token="[SEP]", kind=kind, batch_tokens=4096, batch_rows=16, widths=(8, 16, 512))
+            eos_token="[SEP]", kind=kind, batch_tokens=4096, batch_rows=16, widths=(8, 16, 512), prompts=prompts,
+            default_prompt_name=default_prompt_name, instruction_template=instruction_template, family="bert")
         self.limit_kind = limit_kind
         self.embed_calls: list[dict] = []
         self.encode_calls: list[dict] = []
@@ -81,6 +84,10 @@ class FakeEngine:
 
     def decode(self, ids: Sequence[int]) -> str:
         return " ".join(self._words.get(t, "?") for t in ids)
+
+    def embed_prompts(self, prompts: Sequence[Sequence[str | int]], *, truncate: bool | None = None,
+                      timeout_s: float = 3600) -> EmbedResult:
+        return self.embed([self.encode_prompt(parts) for parts in prompts], truncate=truncate, timeout_s=timeout_s)
 
     def embed(self, token_lists: list[list[int]], *, truncate: bool | None = None,
               timeout_s: float = 3600) -> EmbedResult:

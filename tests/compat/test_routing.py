@@ -90,10 +90,10 @@ reranking = true
 
 
 class Server:
-    def __init__(self, tmp_path: Path, preset: str = PRESET, *argv: str):
+    def __init__(self, tmp_path: Path, preset: str = PRESET, *argv: str, engines: Engines | None = None):
         self.preset = tmp_path / "models.ini"
         self.preset.write_text(preset, encoding="utf-8")
-        self.engines = Engines()
+        self.engines = engines if engines is not None else Engines()
         settings = parse_settings(["--models-preset", str(self.preset), "--metrics", *argv], {},
                                   system_config_files=[])
         self.residency = Residency(settings.models_max, engine_factory=self.engines)

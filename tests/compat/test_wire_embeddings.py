@@ -13,8 +13,8 @@ from compat.wire.embeddings import parse_embeddings_request, render_embeddings_r
 from engine.types import EmbedResult
 
 
-def parse(body, oai_route=True, default_normalize=2):
-    return parse_embeddings_request(body, oai_route=oai_route, default_normalize=default_normalize)
+def parse(body, oai_route=True, default_normalize=2, width=384):
+    return parse_embeddings_request(body, oai_route=oai_route, default_normalize=default_normalize, width=width)
 
 
 def test_parse_defaults():

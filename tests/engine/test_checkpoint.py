@@ -133,6 +133,25 @@ def test_read_max_seq_length(tmp_path, files, expected):
     assert checkpoint.read(write_folder(tmp_path, files)).max_seq_length == expected
 
 
+def test_read_prompts_and_their_default(tmp_path):
+    prompts = {"search_query": "search_query: ", "search_document": "search_document: ", "none": ""}
+    folder = write_folder(tmp_path, {"config_sentence_transformers.json": {
+        "prompts": prompts, "default_prompt_name": "search_document"}})
+    ckpt = checkpoint.read(folder)
+    assert (ckpt.prompts, ckpt.default_prompt_name) == (prompts, "search_document")
+    assert checkpoint.read(write_folder(tmp_path / "bare", {})).prompts == {}
+
+
+@pytest.mark.parametrize("cfg,named", [
+    ({"prompts": {"q": "q: "}, "default_prompt_name": "query"}, "default_prompt_name 'query' is not one of its"),
+    ({"prompts": {"q": 3}}, "'prompts' must map prompt names to strings"),
+    ({"prompts": ["q: "]}, "'prompts' must map prompt names to strings"),
+])
+def test_inconsistent_prompts_are_refused(tmp_path, cfg, named):
+    with pytest.raises(UnsupportedCheckpoint, match=named):
+        checkpoint.read(write_folder(tmp_path, {"config_sentence_transformers.json": cfg}))
+
+
 def test_invalid_json_is_unsupported_and_named(tmp_path):
     folder = write_folder(tmp_path, {"tokenizer_config.json": "{not json"})
     with pytest.raises(UnsupportedCheckpoint, match="tokenizer_config.json"):

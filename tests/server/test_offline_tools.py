@@ -3,6 +3,8 @@ server answers for the same inputs: MiniLM through /v1/embeddings, the trained c
 and MiniLM matches sentence-transformers (the reference) through the API too."""
 from __future__ import annotations
 
+import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -111,6 +113,28 @@ def test_encoder_errors_are_the_servers(encoder):
     assert not rows.vectors[1:].any() and rows.n_tokens[1:] == [0, 0, 0]
 
 
+def test_prompt_name_and_instruction_as_the_server_applies_them(tmp_path, embed_server, capsys):
+    folder = tmp_path / "minilm"
+    shutil.copytree(minilm_dir(), folder)
+    config = folder / "config_sentence_transformers.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "prompts": {"query": "query: ", "doc": "doc: "},
+                                  "default_prompt_name": "doc"}))
+    with Encoder(folder) as prompted:
+        np.testing.assert_allclose(prompted.encode(TEXTS, prompt_name="query"),
+                                   server_vectors(embed_server, ["query: " + t for t in TEXTS]), rtol=0, atol=1e-6)
+        np.testing.assert_allclose(prompted.encode(TEXTS),  # the checkpoint's default prompt
+                                   server_vectors(embed_server, ["doc: " + t for t in TEXTS]), rtol=0, atol=1e-6)
+        with pytest.raises(InvalidInput, match="not one of this model's prompts"):
+            prompted.encode(TEXTS, prompt_name="passage")
+        with pytest.raises(InvalidInput, match="'instruction' is not supported by this model"):
+            prompted.encode(TEXTS, instruction="Find the answer")
+    out = run_json(embed_main, "-m", str(folder), "-p", TEXTS[0], "--prompt-name", "query", capsys=capsys)
+    assert out["embeddings"][0] == embed_server.post("/v1/embeddings", json={"input": ["query: " + TEXTS[0]]}).json()[
+        "data"][0]["embedding"]
+    assert embed_main(["-m", str(folder), "-p", TEXTS[0], "--instruction", "Find the answer"]) == 1
+    assert "'instruction' is not supported by this model" in capsys.readouterr().err
+
+
 def test_encoder_as_a_ray_data_callable(encoder):
     batch = {"id": np.array([7, 8, 9]), "text": np.array(TEXTS)}
     out = encoder(batch)
@@ -203,6 +227,8 @@ def test_mlx_rerank_sigmoid_and_text_output(rerank_server, capsys):
     assert lines[3] == "ranking:" and lines[4].split()[:3] == ["1.", "document", "1"]
     assert rerank_main(["-m", str(ce_fixture_dir()), "-q", QUERY]) == 1
     assert "at least one document" in capsys.readouterr().err
+    assert rerank_main(["-m", str(ce_fixture_dir()), "-q", QUERY, "-d", "x", "--instruction", "Judge"]) == 1
+    assert "only used by generative rerankers" in capsys.readouterr().err
 
 
 def test_console_scripts_are_declared_and_run():
