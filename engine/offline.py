@@ -8,7 +8,7 @@ one engine per actor).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -17,7 +17,6 @@ import numpy as np
 
 from engine.errors import InvalidInput
 from engine.normalize import normalize_embedding
-from engine.prompts import text_formatter
 from engine.service import Engine
 from engine.types import EngineOptions, ModelInfo, Pooling
 
@@ -112,15 +111,13 @@ class Encoder(_Loaded):
     def dimension(self) -> int:
         return self.info.n_embd
 
-    def _prompts(self, texts: Iterable[str], prompt_name: str | None, instruction: str | None) -> list[list[str]]:
+    def _prompts(self, texts: Sequence[str], prompt_name: str | None,
+                 instruction: str | None) -> list[list[str | int]]:
         """Each text as the server's one-text prompt, with the prompt or instruction the server would add."""
-        format_text = text_formatter(self.info, prompt_name, instruction)
-        prompts = []
         for text in texts:
             if not isinstance(text, str):
                 raise InvalidInput(f"texts must be strings, not {type(text).__name__}")
-            prompts.append([format_text(text)])
-        return prompts
+        return self.engine.format_prompts([[text] for text in texts], prompt_name, instruction)
 
     def encode(self, texts: str | Sequence[str], *, normalize: bool | int = True, dimensions: int | None = None,
                prompt_name: str | None = None, instruction: str | None = None,
@@ -143,7 +140,7 @@ class Encoder(_Loaded):
             texts = [texts]
         p = normalization(normalize)
         check_dimensions(dimensions, self.info.n_embd)
-        token_lists = [self.engine.encode_prompt(prompt) for prompt in self._prompts(texts, prompt_name, instruction)]
+        token_lists = self.engine.tokenizer.encode_prompts(self._prompts(list(texts), prompt_name, instruction))
         raw, n_tokens = self._embed(token_lists, batch_size)
         return Embedded(self._finish(raw, p, dimensions), n_tokens)
 
@@ -178,10 +175,7 @@ class Encoder(_Loaded):
         p = normalization(normalize)
         info, truncate = self.info, self.engine.options.truncate
         size = check_dimensions(dimensions, info.n_embd)
-        format_text = text_formatter(info, prompt_name, instruction)
         errors: list[str | None] = [None] * len(texts)
-        token_lists: list[list[int]] = []
-        good: list[int] = []
         for i, text in enumerate(texts):
             if text is None:
                 errors[i] = "missing text"
@@ -189,14 +183,18 @@ class Encoder(_Loaded):
                 errors[i] = f"text is a {type(text).__name__}, not a string"
             elif not text.strip():
                 errors[i] = "empty text"
+        present = [i for i, error in enumerate(errors) if error is None]
+        encoded = self.engine.tokenizer.encode_prompts(self._prompts([texts[i] for i in present], prompt_name,
+                                                                     instruction))
+        good: list[int] = []
+        token_lists: list[list[int]] = []
+        for i, ids in zip(present, encoded):
+            if len(ids) > info.max_input_tokens and not truncate:
+                errors[i] = (f"{len(ids)} tokens, over the model's limit of {info.max_input_tokens} "
+                             f"(--truncate cuts it instead)")
             else:
-                ids = self.engine.encode_prompt([format_text(text)])
-                if len(ids) > info.max_input_tokens and not truncate:
-                    errors[i] = (f"{len(ids)} tokens, over the model's limit of {info.max_input_tokens} "
-                                 f"(--truncate cuts it instead)")
-                else:
-                    good.append(i)
-                    token_lists.append(ids)
+                good.append(i)
+                token_lists.append(ids)
         vectors = np.zeros((len(texts), size), np.float32)
         n_tokens = [0] * len(texts)
         if good:
