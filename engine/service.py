@@ -23,7 +23,7 @@ from engine.pipeline import (
     GenerativeRerankPipeline,
 )
 from engine.prompts import INSTRUCTION_TEMPLATES, RerankPrompt, default_prompt_name
-from engine.scheduler import BatchLimits, width_buckets
+from engine.scheduler import BatchLimits, warm_widths
 from engine.tokenize import TextTokenizer
 from engine.types import (
     EmbedResult,
@@ -98,7 +98,7 @@ class Engine:
         if opts.max_seq > 0:
             max_input = min(max_input, opts.max_seq)
         fitted = shapes.prepare(runner, tokenizer.pad_id, max_input, opts.max_batch_tokens, opts.max_batch_rows,
-                                opts.half_step_widths, loaded.fixed_width or 0)
+                                loaded.fixed_width or 0)
         self._tokenizer = tokenizer
         self._info = ModelInfo(
             path=str(ckpt.path), model_type=ckpt.model_type, architecture=ckpt.architecture,
@@ -108,7 +108,7 @@ class Engine:
             truncate_tokens=limits.truncation_length(ckpt.max_seq_length, n_positions, fitted.max_seq),
             slot_ctx=slot_ctx, n_slots=n_slots, bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token,
             kind=loaded.kind, family=loaded.family, batch_tokens=fitted.max_tokens, batch_rows=fitted.max_rows,
-            widths=tuple(width_buckets(fitted.max_seq, fitted.half_steps, fitted.fixed_width)),
+            widths=tuple(warm_widths(fitted.max_seq, fitted.fixed_width)),
             prompts=tuple(ckpt.prompts.items()) if embedder else (), default_prompt_name=prompt_default,
             instruction_template=INSTRUCTION_TEMPLATES.get(ckpt.model_type) if embedder else None)
         log.info("loaded %s (%s, %s, %s) in %.2f s: pooling %s, %d params, per-input limit %d tokens, "
