@@ -24,7 +24,7 @@ from engine.pipeline import (
 )
 from engine.prompts import INSTRUCTION_TEMPLATES, RerankPrompt, default_prompt_name
 from engine.scheduler import BatchLimits, warm_widths
-from engine.tokenize import TextTokenizer
+from engine.tokenize import TextTokenizer, open_tokenizer
 from engine.types import (
     EmbedResult,
     EngineOptions,
@@ -59,7 +59,8 @@ class Engine:
         started = time.monotonic()
         opts = self.options
         blas.set_threads(opts.threads)
-        ckpt = checkpoint.read(checkpoint.resolve(opts.model_path, opts.hf_repo, opts.offline))
+        ckpt = checkpoint.read(checkpoint.resolve(opts.model_path, opts.hf_repo, opts.offline, opts.hf_file),
+                               label=opts.model_path or "")
         rank_mode = opts.pooling is Pooling.RANK
         kind = registry.kind_of(ckpt, rank=rank_mode)
         if rank_mode and kind == registry.EMBEDDER:
@@ -72,8 +73,8 @@ class Engine:
                 f"start it with --reranking")
         embedder = kind == registry.EMBEDDER
         prompt_default = default_prompt_name(ckpt, opts.default_prompt_name) if embedder else None
-        tokenizer = TextTokenizer(ckpt)
-        loaded = registry.load(ckpt, kind)
+        tokenizer = open_tokenizer(ckpt)
+        loaded = registry.load(ckpt, kind, opts.dtype)
         if kind == registry.GENERATIVE_RERANKER:
             mode = Pooling.RANK
             self._prompt = RerankPrompt(ckpt, fallback=f"{loaded.family}_reranker.jinja")
@@ -91,7 +92,7 @@ class Engine:
                 mode = loaded.default_pooling
             else:
                 mode = pooling.resolve(opts.pooling, ckpt.pooling, loaded.default_pooling)
-            runner = EmbeddingPipeline(loaded.model, mode)
+            runner = EmbeddingPipeline(loaded.model, mode, loaded.projection)
         n_positions = loaded.n_positions
         slot_ctx, n_slots = limits.slots(opts.ctx_size, opts.parallel, n_positions)
         max_input = limits.input_limit(n_positions, opts.ubatch_tokens, slot_ctx if opts.ctx_size > 0 else None)
@@ -101,7 +102,7 @@ class Engine:
                                 loaded.fixed_width or 0)
         self._tokenizer = tokenizer
         self._info = ModelInfo(
-            path=str(ckpt.path), model_type=ckpt.model_type, architecture=ckpt.architecture,
+            path=ckpt.display_path, model_type=ckpt.model_type, architecture=ckpt.architecture,
             vocab_type=tokenizer.vocab_type, n_vocab=tokenizer.n_vocab, n_embd=loaded.hidden_size,
             n_ctx_train=n_positions, n_params=loaded.n_params, size_bytes=loaded.size_bytes, ftype=loaded.ftype,
             pooling=mode, max_input_tokens=fitted.max_seq,
@@ -110,7 +111,8 @@ class Engine:
             kind=loaded.kind, family=loaded.family, batch_tokens=fitted.max_tokens, batch_rows=fitted.max_rows,
             widths=tuple(warm_widths(fitted.max_seq, fitted.fixed_width)),
             prompts=tuple(ckpt.prompts.items()) if embedder else (), default_prompt_name=prompt_default,
-            instruction_template=INSTRUCTION_TEMPLATES.get(ckpt.model_type) if embedder else None)
+            instruction_template=INSTRUCTION_TEMPLATES.get(ckpt.model_type) if embedder else None,
+            file_format="gguf" if ckpt.gguf is not None else "safetensors")
         log.info("loaded %s (%s, %s, %s) in %.2f s: pooling %s, %d params, per-input limit %d tokens, "
                  "batches of up to %d rows / %d tokens, BLAS: %s",
                  ckpt.path, ckpt.model_type, ckpt.architecture or "-", loaded.kind, time.monotonic() - started,

@@ -31,8 +31,8 @@ def _bytes_to_unicode() -> dict[str, int]:
 class TextTokenizer:
     """Encodes prompts exactly as the checkpoint's own tokenizer does, without baked-in padding/truncation."""
 
-    def __init__(self, checkpoint: Checkpoint):
-        self._parsing = _load(checkpoint)
+    def __init__(self, checkpoint: Checkpoint, tokenizer: Tokenizer | None = None):
+        self._parsing = tokenizer or _load(checkpoint)
         # A second instance treats special-token text literally (llama's parse_special=false).
         self._literal = Tokenizer.from_str(self._parsing.to_str())
         self._literal.encode_special_tokens = True
@@ -155,6 +155,15 @@ class TextTokenizer:
             if found is not None:
                 return found
         return int(fallback) if isinstance(fallback, int) else 0
+
+
+def open_tokenizer(checkpoint: Checkpoint) -> TextTokenizer:
+    """The checkpoint's tokenizer: tokenizer.json (or transformers' conversion), or a GGUF's own metadata."""
+    if checkpoint.gguf is not None:
+        from engine.gguf.tokenizer import GGUFTokenizer
+
+        return GGUFTokenizer(checkpoint)
+    return TextTokenizer(checkpoint)
 
 
 def _token_text(token: object) -> str:

@@ -69,7 +69,7 @@ def render_models_response(settings: Settings, info: ModelInfo, capabilities: li
         "models": [{
             "name": name, "model": name, "modified_at": "", "size": "", "digest": "", "type": "model",
             "description": "", "tags": [""], "capabilities": capabilities, "parameters": "",
-            "details": {"parent_model": "", "format": "safetensors", "family": info.family or info.model_type,
+            "details": {"parent_model": "", "format": info.file_format, "family": info.family or info.model_type,
                         "families": [info.family or info.model_type], "parameter_size": "",
                         "quantization_level": ""},
         }],
