@@ -175,6 +175,11 @@ class Settings(BaseSettings):
                               help="physical batch size: one limit on the tokens of one input (with positions, -c and --max-seq)")
     parallel: int = option(-1, flags=["-np", "--parallel"], env="LLAMA_ARG_N_PARALLEL", metavar="N",
                            group="batching", per_model=True, help="number of server slots; -1 = auto (4)")
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = option(
+        "auto", flags=["--dtype"], env="LLAMA_ARG_DTYPE", metavar="{auto,float32,float16,bfloat16}",
+        group="batching", per_model=True,
+        help="compute dtype: auto = float32 on a CPU (half-precision matmuls are slow there), the checkpoint's "
+             "own dtype on a GPU; the others force it (quantized layers keep their bits)")
     threads: int = option(-1, flags=["-t", "--threads"], env="LLAMA_ARG_THREADS", metavar="N", group="batching",
                           help="CPU threads for the math library; -1 = the library's default")
     max_batch_tokens: int = option(
@@ -344,6 +349,7 @@ class Settings(BaseSettings):
             half_step_widths=self.half_step_widths,
             max_queue_items=self.max_queue_items,
             threads=self.threads,
+            dtype=self.dtype,
             rerank_sigmoid=self.rerank_sigmoid,
             rerank_instruction=self.rerank_instruction,
             default_prompt_name=self.default_prompt_name,

@@ -16,7 +16,7 @@ log = logging.getLogger(__name__)
 # sentence-transformers module types we understand, by their last dotted name. Checkpoints spell the full
 # path in several historical ways (models.Pooling, sentence_transformers.base.modules.…); only the class
 # name matters, and it is data: we never import what a checkpoint names.
-_KNOWN_MODULES = {"Transformer", "Pooling", "Normalize"}
+_KNOWN_MODULES = {"Transformer", "Pooling", "Normalize", "Dense"}
 
 # 1_Pooling modes we implement, in both key styles.
 _POOLING_NAMES = {"cls": Pooling.CLS, "mean": Pooling.MEAN, "max": Pooling.MAX, "lasttoken": Pooling.LAST}
@@ -44,6 +44,7 @@ class Checkpoint:
     # config_sentence_transformers.json: named prompts prepended to texts, and the one used by default
     prompts: dict[str, str] = field(default_factory=dict)
     default_prompt_name: str | None = None
+    dense_folders: tuple[Path, ...] = ()  # modules.json Dense modules (2_Dense, 3_Dense, ...), in order
     gguf: Any = None  # a GGUF file (engine.gguf.reader.GGUFFile); config above is derived from its metadata
     label: str = ""  # the path as the user gave it (llama-server reports -m as typed)
 
@@ -129,6 +130,7 @@ def read(path: Path, label: str = "") -> Checkpoint:
         max_seq_length=_read_max_seq_length(path, tokenizer_config),
         prompts=prompts,
         default_prompt_name=default_prompt_name,
+        dense_folders=_read_dense_folders(path),
     )
 
 
@@ -159,6 +161,14 @@ def _read_module_types(path: Path) -> tuple[str, ...]:
         # A listed folder may be absent (MiniLM lists a 2_Normalize folder it does not ship): fine.
         names.append(name)
     return tuple(names)
+
+
+def _read_dense_folders(path: Path) -> tuple[Path, ...]:
+    modules_file = path / "modules.json"
+    if not modules_file.is_file():
+        return ()
+    modules = json.loads(modules_file.read_text(encoding="utf-8"))
+    return tuple(path / str(m.get("path", "")) for m in modules if str(m.get("type", "")).endswith(".Dense"))
 
 
 def _read_pooling(path: Path) -> Pooling | None:

@@ -74,7 +74,7 @@ class Engine:
         embedder = kind == registry.EMBEDDER
         prompt_default = default_prompt_name(ckpt, opts.default_prompt_name) if embedder else None
         tokenizer = open_tokenizer(ckpt)
-        loaded = registry.load(ckpt, kind)
+        loaded = registry.load(ckpt, kind, opts.dtype)
         if kind == registry.GENERATIVE_RERANKER:
             mode = Pooling.RANK
             self._prompt = RerankPrompt(ckpt, fallback=f"{loaded.family}_reranker.jinja")
@@ -92,7 +92,7 @@ class Engine:
                 mode = loaded.default_pooling
             else:
                 mode = pooling.resolve(opts.pooling, ckpt.pooling, loaded.default_pooling)
-            runner = EmbeddingPipeline(loaded.model, mode)
+            runner = EmbeddingPipeline(loaded.model, mode, loaded.projection)
         n_positions = loaded.n_positions
         slot_ctx, n_slots = limits.slots(opts.ctx_size, opts.parallel, n_positions)
         max_input = limits.input_limit(n_positions, opts.ubatch_tokens, slot_ctx if opts.ctx_size > 0 else None)

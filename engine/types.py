@@ -45,6 +45,7 @@ class EngineOptions:
     half_step_widths: bool = False  # pad to 1.5x powers of two as well (less padding, twice the shapes)
     max_queue_items: int = 4096  # inputs waiting for the engine thread; more is QueueFull
     threads: int = -1  # BLAS threads; <= 0 leaves the library default
+    dtype: str = "auto"  # compute dtype: auto (float32 on a CPU, the checkpoint's on a GPU) | float32 | float16 | bfloat16
     rerank_sigmoid: bool = False  # cross-encoder scores as sigmoid(logit) instead of the raw logit
     rerank_instruction: str | None = None  # generative rerankers: the server-wide <Instruct> text
     default_prompt_name: str | None = None  # embedding models: the prompt texts get when a request names none
