@@ -22,7 +22,8 @@ from engine.pipeline import (
     EmbeddingPipeline,
     GenerativeRerankPipeline,
 )
-from engine.prompts import INSTRUCTION_TEMPLATES, RerankPrompt, default_prompt_name
+from engine.chat_inputs import ChatInputs
+from engine.prompts import INSTRUCTION_TEMPLATES, RerankPrompt, choose_prompt, default_prompt_name, format_prompts, is_text
 from engine.scheduler import BatchLimits, width_buckets
 from engine.tokenize import TextTokenizer, open_tokenizer
 from engine.types import (
@@ -47,6 +48,7 @@ class Engine:
         self._info: ModelInfo | None = None
         self._tokenizer: TextTokenizer | None = None
         self._prompt: RerankPrompt | None = None  # generative rerankers only
+        self._chat: ChatInputs | None = None  # embedders whose texts go through their chat template
         self._in_flight = 0
         self._in_flight_lock = threading.Lock()
         self.load_s: float | None = None  # how long the load took, once it succeeded
@@ -73,6 +75,8 @@ class Engine:
                 f"start it with --reranking")
         embedder = kind == registry.EMBEDDER
         prompt_default = default_prompt_name(ckpt, opts.default_prompt_name) if embedder else None
+        if embedder and ckpt.message_modality is not None:
+            self._chat = ChatInputs(ckpt)
         tokenizer = open_tokenizer(ckpt)
         loaded = registry.load(ckpt, kind, opts.dtype)
         if kind == registry.GENERATIVE_RERANKER:
@@ -112,7 +116,7 @@ class Engine:
             widths=tuple(width_buckets(fitted.max_seq, fitted.half_steps, fitted.fixed_width)),
             prompts=tuple(ckpt.prompts.items()) if embedder else (), default_prompt_name=prompt_default,
             instruction_template=INSTRUCTION_TEMPLATES.get(ckpt.model_type) if embedder else None,
-            file_format="gguf" if ckpt.gguf is not None else "safetensors")
+            file_format="gguf" if ckpt.gguf is not None else "safetensors", chat_template_inputs=self._chat is not None)
         log.info("loaded %s (%s, %s, %s) in %.2f s: pooling %s, %d params, per-input limit %d tokens, "
                  "batches of up to %d rows / %d tokens, BLAS: %s",
                  ckpt.path, ckpt.model_type, ckpt.architecture or "-", loaded.kind, time.monotonic() - started,
@@ -164,6 +168,21 @@ class Engine:
         return self.tokenizer.decode(ids)
 
     # -- requests ---------------------------------------------------------------------------------
+    def format_prompts(self, prompts: Sequence[Sequence[str | int]], prompt_name: str | None = None,
+                       instruction: str | None = None) -> list[list[str | int]]:
+        """Apply a request's prompt_name / instruction (or the default prompt) to its text prompts.
+
+        A model whose texts go through its chat template gets them rendered and tokenized here (the prompt as a
+        system message, as sentence-transformers does): those prompts come back as token ids.
+        """
+        info = self._require_embedder()
+        if self._chat is None:
+            return format_prompts(info, prompts, prompt_name, instruction)
+        choice = choose_prompt(info, prompt_name, instruction)
+        chat, tok = self._chat, self.tokenizer
+        return [tok.encode(chat.render(choice.apply(p[0]) if choice.instruction else p[0], choice.prefix),
+                           add_special=False) if is_text(p) else list(p) for p in prompts]
+
     def embed_prompts(self, prompts: Sequence[Sequence[str | int]], *, truncate: bool | None = None,
                       timeout_s: float = 3600) -> EmbedResult:
         """Tokenize llama-server prompts (text and token-id parts, see encode_prompt) in one batched call on

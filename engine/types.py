@@ -83,6 +83,7 @@ class ModelInfo:
     prompts: tuple[tuple[str, str], ...] = ()
     default_prompt_name: str | None = None
     instruction_template: str | None = None
+    chat_template_inputs: bool = False  # texts are rendered with the checkpoint's chat template
 
     @property
     def is_reranker(self) -> bool:

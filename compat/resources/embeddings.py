@@ -7,8 +7,7 @@ from compat.errors import bad_request
 from compat.models import EMBEDDING
 from compat.resources.leasing import model_request
 from compat.routing import Models
-from compat.wire.embeddings import parse_embeddings_request, render_embeddings_response, with_text_prompt
-from engine import text_formatter
+from compat.wire.embeddings import parse_embeddings_request, render_embeddings_response
 from engine.types import Pooling
 
 POOLING_NONE_OAI = "Pooling type 'none' is not OAI compatible. Please use a different pooling type"
@@ -27,8 +26,7 @@ class EmbeddingsResource:
             request = parse_embeddings_request(body(), oai_route=self._oai,
                                                default_normalize=served.settings.embd_normalize,
                                                width=served.engine.info.n_embd)
-            format_text = text_formatter(served.engine.info, request.prompt_name, request.instruction)
-            prompts = [with_text_prompt(prompt, format_text) for prompt in request.prompts]
+            prompts = served.engine.format_prompts(request.prompts, request.prompt_name, request.instruction)
             result = served.engine.embed_prompts(prompts, truncate=request.truncate, timeout_s=served.remaining_s)
             served.record(result)
         resp.media = render_embeddings_response(request, result, served.name)
