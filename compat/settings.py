@@ -184,18 +184,14 @@ class Settings(BaseSettings):
                           help="CPU threads for the math library; -1 = the library's default")
     max_batch_tokens: int = option(
         512, flags=["--max-batch-tokens"], env="LLAMA_ARG_MAX_BATCH_TOKENS", metavar="N", group="batching",
-        per_model=True, help="most rows x padded width in one forward pass (lowered at startup to what fits in memory)")
+        per_model=True, help="most rows x width in one forward pass (rows run at their longest input's length; lowered at startup to what fits in memory)")
     max_batch_rows: int = option(64, flags=["--max-batch-rows", "--rows"], env="LLAMA_ARG_MAX_BATCH_ROWS",
                                  metavar="N", group="batching", per_model=True,
                                  help="most inputs in one forward pass (lowered at startup to what fits in memory)")
     max_seq: int = option(0, flags=["--max-seq"], env="LLAMA_ARG_MAX_SEQ", metavar="N", group="batching",
                           per_model=True,
-                          help="most tokens per input, also the widest padded shape prepared at startup; "
+                          help="most tokens per input, also the widest shape warmed at startup; "
                                "0 = the per-input limit (positions, -ub, -c), lowered to what fits in memory")
-    half_step_widths: bool = option(
-        False, flags=["--half-step-widths"], kind="paired", env="LLAMA_ARG_HALF_STEP_WIDTHS", group="batching",
-        per_model=True, help="pad rows to 1.5x powers of two as well (8, 12, 16, 24, 32, ...): at most a third of "
-                             "a row is padding instead of half, for twice the shapes prepared at startup")
     max_queue_items: int = option(
         4096, flags=["--max-queue-items"], env="LLAMA_ARG_MAX_QUEUE_ITEMS", metavar="N", group="batching",
         per_model=True, help="most inputs waiting for the model; a request that finds it full gets 503 (retry later), one with more inputs than it can ever hold 413")
@@ -346,7 +342,6 @@ class Settings(BaseSettings):
             max_batch_tokens=self.max_batch_tokens,
             max_batch_rows=self.max_batch_rows,
             max_seq=self.max_seq,
-            half_step_widths=self.half_step_widths,
             max_queue_items=self.max_queue_items,
             threads=self.threads,
             dtype=self.dtype,
