@@ -27,6 +27,7 @@ from compat.middleware import (
     PayloadLimitMiddleware,
     TimingMiddleware,
 )
+from compat.openapi import OpenApiResource, openapi_document
 from compat.resources.embeddings import EmbeddingsResource
 from compat.resources.info import (
     HealthResource,
@@ -123,6 +124,9 @@ def create_app(settings: Settings, engine: Engine | ModelRouter, lifecycle: Life
         routes.update({"/props": RouterPropsResource(router, settings, _version()), "/models": listing,
                        "/v1/models": listing, "/models/load": ModelActionResource(router.load),
                        "/models/unload": ModelActionResource(router.unload)})
+    openapi = OpenApiResource()
+    routes["/openapi.json"] = openapi
     for path, resource in routes.items():
         app.add_route(path, resource)
+    openapi.document = openapi_document(app, settings, _version())  # every route declared, or this raises
     return app
