@@ -100,7 +100,7 @@ def create_app(settings: Settings, engine: Engine | ModelRouter, lifecycle: Life
         "/health": health,
         "/v1/health": health,
         "/slots": SlotsResource(models, settings),
-        "/metrics": MetricsResource(models, settings, started_unix=int(time.time())),
+        "/metrics": MetricsResource(models, settings, started_unix=int(time.time()), lifecycle=lifecycle),
         "/embedding": embeddings,  # legacy name
         "/embeddings": embeddings,
         "/v1/embeddings": EmbeddingsResource(models, oai=True),

@@ -5,7 +5,7 @@ import time
 
 import falcon
 
-from compat.errors import bad_request
+from compat.errors import bad_request, check_client_batch
 from compat.models import EMBEDDING
 from compat.routing import Models
 from compat.wire.embeddings import parse_embeddings_request, render_embeddings_response, with_text_prompt
@@ -30,6 +30,7 @@ class EmbeddingsResource:
                 raise bad_request(POOLING_NONE_OAI)
             request = parse_embeddings_request(body(), oai_route=self._oai, default_normalize=settings.embd_normalize,
                                                width=engine.info.n_embd)
+            check_client_batch(len(request.prompts), settings.max_client_batch_size, "inputs")
             format_text = text_formatter(engine.info, request.prompt_name, request.instruction)
             # tokenize here, on the request thread, so the engine thread only runs forward passes
             started = time.perf_counter()

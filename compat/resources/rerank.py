@@ -5,6 +5,7 @@ import uuid
 
 import falcon
 
+from compat.errors import check_client_batch
 from compat.models import RERANK
 from compat.routing import Models
 from compat.wire.inputs import lazy_json_object, parse_model_field
@@ -20,6 +21,7 @@ class RerankResource:
         body = lazy_json_object(req.bounded_stream.read)
         with self._models.lease(RERANK, lambda: parse_model_field(body())) as served:
             request = parse_rerank_request(body(), cohere_v2=self._cohere_v2)
+            check_client_batch(len(request.texts), served.settings.max_client_batch_size, "documents")
             result = served.engine.rerank(request.query, request.texts, truncate=request.truncate,
                                           instruction=request.instruction, timeout_s=served.remaining_s)
             served.record(result)
