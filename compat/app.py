@@ -29,25 +29,14 @@ from compat.middleware import (
 )
 from compat.openapi import OpenApiResource, openapi_document
 from compat.resources.embeddings import EmbeddingsResource
-from compat.resources.info import (
-    HealthResource,
-    MetricsResource,
-    ModelsResource,
-    PropsResource,
-    SlotsResource,
-)
-from compat.resources.models import (
-    ModelActionResource,
-    RouterModelsResource,
-    RouterPropsResource,
-)
+from compat.resources.info import HealthResource, MetricsResource, SlotsResource
+from compat.resources.models import ModelActionResource, ModelsResource, PropsResource
 from compat.resources.rerank import RerankResource
 from compat.resources.tokenize import DetokenizeResource, TokenizeResource
 from compat.resources.unsupported import UnsupportedRouteResource, not_served_message
-from compat.routing import ModelRouter, SingleModel
+from compat.routing import ModelRouter, Models, SingleModel
 from engine import Engine
 from engine.errors import EngineError
-from engine.types import Pooling
 
 if TYPE_CHECKING:
     from compat.settings import Settings
@@ -70,7 +59,7 @@ def create_app(settings: Settings, engine: Engine | ModelRouter, lifecycle: Life
     """`engine`: the one model's Engine, or the ModelRouter of a several-model server. `lifecycle`: the
     in-flight count and drain state the listener shares (a fresh one if not given)."""
     router = engine if isinstance(engine, ModelRouter) else None
-    models = router or SingleModel(engine, settings)
+    models: Models = router or SingleModel(engine, settings)
     lifecycle = lifecycle or Lifecycle()
     app = falcon.App(
         media_type=JSON_CONTENT_TYPE,
@@ -96,9 +85,13 @@ def create_app(settings: Settings, engine: Engine | ModelRouter, lifecycle: Life
     health = HealthResource()
     embeddings = EmbeddingsResource(models, oai=False)
     rerank = RerankResource(models, cohere_v2=False)
+    listing = ModelsResource(models)
     routes = {
         "/health": health,
         "/v1/health": health,
+        "/props": PropsResource(models, settings, _version()),
+        "/models": listing,
+        "/v1/models": listing,
         "/slots": SlotsResource(models, settings),
         "/metrics": MetricsResource(models, settings, started_unix=int(time.time()), lifecycle=lifecycle),
         "/embedding": embeddings,  # legacy name
@@ -113,16 +106,8 @@ def create_app(settings: Settings, engine: Engine | ModelRouter, lifecycle: Life
            for path in ("/completion", "/completions", "/v1/completions", "/chat/completions",
                         "/v1/chat/completions", "/infill", "/v1/responses", "/v1/messages", "/apply-template")},
     }
-    if router is None:
-        # the engine refuses to load an embedder in rank mode and a reranker outside it, so this names the model
-        listing = ModelsResource(engine, settings,
-                                 capabilities=["rerank"] if settings.pooling is Pooling.RANK else ["embedding"])
-        routes.update({"/props": PropsResource(engine, settings, _version()), "/models": listing,
-                       "/v1/models": listing})
-    else:
-        listing = RouterModelsResource(router)
-        routes.update({"/props": RouterPropsResource(router, settings, _version()), "/models": listing,
-                       "/v1/models": listing, "/models/load": ModelActionResource(router.load),
+    if router is not None:  # llama's router-mode model management
+        routes.update({"/models/load": ModelActionResource(router.load),
                        "/models/unload": ModelActionResource(router.unload)})
     openapi = OpenApiResource()
     routes["/openapi.json"] = openapi

@@ -113,10 +113,15 @@ class Settings(BaseSettings):
 
     model: str | None = option(
         None, flags=["-m", "--model"], env="LLAMA_ARG_MODEL", metavar="PATH", group="model", per_model=True,
-        help="model folder in Hugging Face layout (config.json, tokenizer.json, *.safetensors)")
+        help="model folder in Hugging Face layout (config.json, tokenizer.json, *.safetensors), or a .gguf file")
     hf_repo: str | None = option(
         None, flags=["-hf", "-hfr", "--hf-repo"], env="LLAMA_ARG_HF_REPO", metavar="<user>/<model>",
-        group="model", per_model=True, help="Hugging Face repository, downloaded into the Hugging Face cache")
+        group="model", per_model=True,
+        help="Hugging Face repository, downloaded into the Hugging Face cache; org/name:QUANT (e.g. :Q8_0) serves "
+             "the repository's .gguf whose name contains QUANT (default Q4_K_M)")
+    hf_file: str | None = option(
+        None, flags=["-hff", "--hf-file"], env="LLAMA_ARG_HF_FILE", metavar="FILE", group="model", per_model=True,
+        help="the .gguf file of the -hf repository to serve (overrides the :QUANT tag)")
     offline: bool = option(False, flags=["--offline"], kind="flag", env="LLAMA_ARG_OFFLINE", group="model",
                            per_model=True, help="use only the local Hugging Face cache, never the network")
     alias: list[str] = option(
@@ -170,6 +175,11 @@ class Settings(BaseSettings):
                               help="physical batch size: one limit on the tokens of one input (with positions, -c and --max-seq)")
     parallel: int = option(-1, flags=["-np", "--parallel"], env="LLAMA_ARG_N_PARALLEL", metavar="N",
                            group="batching", per_model=True, help="number of server slots; -1 = auto (4)")
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = option(
+        "auto", flags=["--dtype"], env="LLAMA_ARG_DTYPE", metavar="{auto,float32,float16,bfloat16}",
+        group="batching", per_model=True,
+        help="compute dtype: auto = float32 on a CPU (half-precision matmuls are slow there), the checkpoint's "
+             "own dtype on a GPU; the others force it (quantized layers keep their bits)")
     threads: int = option(-1, flags=["-t", "--threads"], env="LLAMA_ARG_THREADS", metavar="N", group="batching",
                           help="CPU threads for the math library; -1 = the library's default")
     max_batch_tokens: int = option(
@@ -326,6 +336,7 @@ class Settings(BaseSettings):
         return EngineOptions(
             model_path=model_path,
             hf_repo=self.hf_repo,
+            hf_file=self.hf_file,
             offline=self.offline,
             pooling=self.pooling,
             ubatch_tokens=self.n_ubatch,
@@ -338,6 +349,7 @@ class Settings(BaseSettings):
             half_step_widths=self.half_step_widths,
             max_queue_items=self.max_queue_items,
             threads=self.threads,
+            dtype=self.dtype,
             rerank_sigmoid=self.rerank_sigmoid,
             rerank_instruction=self.rerank_instruction,
             default_prompt_name=self.default_prompt_name,
@@ -348,7 +360,7 @@ class Settings(BaseSettings):
 # each string is one option's spellings. Their environment variables are not read.
 _IGNORED_WITH_VALUE = (
     "-ngl --gpu-layers --n-gpu-layers", "-fa --flash-attn", "--temp", "-s --seed", "-ctk --cache-type-k",
-    "-ctv --cache-type-v", "-n --n-predict --predict", "-hff --hf-file", "-hft --hf-token", "--mmproj",
+    "-ctv --cache-type-v", "-n --n-predict --predict", "-hft --hf-token", "--mmproj",
     "-cram --cache-ram", "--chat-template", "--chat-template-file",
     "--reasoning-format", "--slot-save-path", "-gan --grp-attn-n", "-gaw --grp-attn-w", "-dev --device",
     "--models-dir", "-mu --model-url", "--lora", "--spec-type", "--tools",
@@ -484,7 +496,7 @@ _OPTION_VARIABLES = frozenset(name for opt in _OPTIONS if opt.env
                               for name in (opt.env, *([_no_env(opt.env)] if opt.kind == "paired" else [])))
 
 PER_MODEL_FIELDS = frozenset(opt.field for opt in _OPTIONS if opt.per_model)
-MODEL_IDENTITY = frozenset({"model", "hf_repo", "alias", "tags"})  # name one model, so never inherited
+MODEL_IDENTITY = frozenset({"model", "hf_repo", "hf_file", "alias", "tags"})  # name one model, so never inherited
 MODEL_KIND = frozenset({"embedding", "reranking", "pooling"})  # on the command line: the -m model's kind
 
 

@@ -16,7 +16,7 @@ log = logging.getLogger(__name__)
 # sentence-transformers module types we understand, by their last dotted name. Checkpoints spell the full
 # path in several historical ways (models.Pooling, sentence_transformers.base.modules.…); only the class
 # name matters, and it is data: we never import what a checkpoint names.
-_KNOWN_MODULES = {"Transformer", "Pooling", "Normalize"}
+_KNOWN_MODULES = {"Transformer", "Pooling", "Normalize", "Dense"}
 
 # 1_Pooling modes we implement, in both key styles.
 _POOLING_NAMES = {"cls": Pooling.CLS, "mean": Pooling.MEAN, "max": Pooling.MAX, "lasttoken": Pooling.LAST}
@@ -44,6 +44,17 @@ class Checkpoint:
     # config_sentence_transformers.json: named prompts prepended to texts, and the one used by default
     prompts: dict[str, str] = field(default_factory=dict)
     default_prompt_name: str | None = None
+    # sentence_bert_config.json (sentence-transformers >= 6): a "message" modality means texts are sent as chat
+    # messages through the tokenizer's chat template; processing_kwargs["chat_template"] are its render options
+    message_modality: dict[str, Any] | None = None
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    dense_folders: tuple[Path, ...] = ()  # modules.json Dense modules (2_Dense, 3_Dense, ...), in order
+    gguf: Any = None  # a GGUF file (engine.gguf.reader.GGUFFile); config above is derived from its metadata
+    label: str = ""  # the path as the user gave it (llama-server reports -m as typed)
+
+    @property
+    def display_path(self) -> str:
+        return self.label or str(self.path)
 
     @property
     def model_type(self) -> str:
@@ -78,33 +89,43 @@ def default_model() -> str | None:
     return str(folder) if (folder / "config.json").exists() else None
 
 
-def resolve(model_path: str | None, hf_repo: str | None, offline: bool) -> Path:
-    """A local folder for -m, or the huggingface-hub cache snapshot for -hf (downloaded when online)."""
+def resolve(model_path: str | None, hf_repo: str | None, offline: bool, hf_file: str | None = None) -> Path:
+    """A local folder or .gguf file for -m, or the huggingface-hub cache snapshot for -hf (downloaded when
+    online); -hf repo:QUANT and --hf-file pick a .gguf file of the repository."""
     if model_path:
         path = Path(model_path).expanduser()
+        if path.is_file():
+            from engine.gguf import is_gguf
+
+            if not is_gguf(path):
+                raise CheckpointNotFound(f"{model_path}: a file that is not GGUF; -m takes a .gguf file or a "
+                                         f"Hugging Face model folder")
+            return path
         if not (path / "config.json").is_file():
-            raise CheckpointNotFound(f"{model_path}: not a Hugging Face model folder (no config.json)")
+            raise CheckpointNotFound(f"{model_path}: not a Hugging Face model folder (no config.json) "
+                                     f"nor a .gguf file")
         return path
     if hf_repo:
-        import huggingface_hub  # only -hf needs it; keeps -m startups lean
+        from engine.gguf.hub import resolve_repo  # only -hf needs the hub library
 
-        repo = hf_repo.split(":", 1)[0]
-        try:
-            return Path(huggingface_hub.snapshot_download(repo, local_files_only=offline))
-        except Exception as exc:  # the hub library raises many unrelated types
-            raise CheckpointNotFound(f"{hf_repo}: could not be resolved through the Hugging Face cache"
-                                     f"{' (offline)' if offline else ''}: {exc}") from exc
+        return resolve_repo(hf_repo, hf_file, offline)
     raise CheckpointNotFound("no model given (-m or -hf) and the bundled default model is not installed")
 
 
-def read(path: Path) -> Checkpoint:
-    """Read every configuration file of a checkpoint folder."""
+def read(path: Path, label: str = "") -> Checkpoint:
+    """Read every configuration file of a checkpoint folder, or the metadata of a GGUF file."""
+    if path.is_file():
+        from engine.gguf.checkpoint import read as read_gguf
+
+        return read_gguf(path, label or str(path))
     config = _read_json(path / "config.json")
     tokenizer_config = _read_json_optional(path / "tokenizer_config.json")
     special_tokens = _read_json_optional(path / "special_tokens_map.json")
     module_types = _read_module_types(path)
     pooling = _read_pooling(path / "1_Pooling" / "config.json")
     prompts, default_prompt_name = _read_prompts(path / "config_sentence_transformers.json")
+    sbert = _read_json_optional(path / "sentence_bert_config.json")
+    message = (sbert.get("modality_config") or {}).get("message")
     return Checkpoint(
         path=path,
         config=config,
@@ -115,6 +136,9 @@ def read(path: Path) -> Checkpoint:
         max_seq_length=_read_max_seq_length(path, tokenizer_config),
         prompts=prompts,
         default_prompt_name=default_prompt_name,
+        message_modality=message if isinstance(message, dict) else None,
+        chat_template_kwargs=dict((sbert.get("processing_kwargs") or {}).get("chat_template") or {}),
+        dense_folders=_read_dense_folders(path),
     )
 
 
@@ -145,6 +169,14 @@ def _read_module_types(path: Path) -> tuple[str, ...]:
         # A listed folder may be absent (MiniLM lists a 2_Normalize folder it does not ship): fine.
         names.append(name)
     return tuple(names)
+
+
+def _read_dense_folders(path: Path) -> tuple[Path, ...]:
+    modules_file = path / "modules.json"
+    if not modules_file.is_file():
+        return ()
+    modules = json.loads(modules_file.read_text(encoding="utf-8"))
+    return tuple(path / str(m.get("path", "")) for m in modules if str(m.get("type", "")).endswith(".Dense"))
 
 
 def _read_pooling(path: Path) -> Pooling | None:

@@ -22,9 +22,10 @@ from engine.pipeline import (
     EmbeddingPipeline,
     GenerativeRerankPipeline,
 )
-from engine.prompts import INSTRUCTION_TEMPLATES, RerankPrompt, default_prompt_name
+from engine.chat_inputs import ChatInputs
+from engine.prompts import INSTRUCTION_TEMPLATES, RerankPrompt, choose_prompt, default_prompt_name, format_prompts, is_text
 from engine.scheduler import BatchLimits, width_buckets
-from engine.tokenize import TextTokenizer
+from engine.tokenize import TextTokenizer, open_tokenizer
 from engine.types import (
     EmbedResult,
     EngineOptions,
@@ -47,6 +48,7 @@ class Engine:
         self._info: ModelInfo | None = None
         self._tokenizer: TextTokenizer | None = None
         self._prompt: RerankPrompt | None = None  # generative rerankers only
+        self._chat: ChatInputs | None = None  # embedders whose texts go through their chat template
         self._in_flight = 0
         self._in_flight_lock = threading.Lock()
         self.load_s: float | None = None  # how long the load took, once it succeeded
@@ -59,7 +61,8 @@ class Engine:
         started = time.monotonic()
         opts = self.options
         blas.set_threads(opts.threads)
-        ckpt = checkpoint.read(checkpoint.resolve(opts.model_path, opts.hf_repo, opts.offline))
+        ckpt = checkpoint.read(checkpoint.resolve(opts.model_path, opts.hf_repo, opts.offline, opts.hf_file),
+                               label=opts.model_path or "")
         rank_mode = opts.pooling is Pooling.RANK
         kind = registry.kind_of(ckpt, rank=rank_mode)
         if rank_mode and kind == registry.EMBEDDER:
@@ -72,8 +75,10 @@ class Engine:
                 f"start it with --reranking")
         embedder = kind == registry.EMBEDDER
         prompt_default = default_prompt_name(ckpt, opts.default_prompt_name) if embedder else None
-        tokenizer = TextTokenizer(ckpt)
-        loaded = registry.load(ckpt, kind)
+        if embedder and ckpt.message_modality is not None:
+            self._chat = ChatInputs(ckpt)
+        tokenizer = open_tokenizer(ckpt)
+        loaded = registry.load(ckpt, kind, opts.dtype)
         if kind == registry.GENERATIVE_RERANKER:
             mode = Pooling.RANK
             self._prompt = RerankPrompt(ckpt, fallback=f"{loaded.family}_reranker.jinja")
@@ -91,7 +96,7 @@ class Engine:
                 mode = loaded.default_pooling
             else:
                 mode = pooling.resolve(opts.pooling, ckpt.pooling, loaded.default_pooling)
-            runner = EmbeddingPipeline(loaded.model, mode)
+            runner = EmbeddingPipeline(loaded.model, mode, loaded.projection)
         n_positions = loaded.n_positions
         slot_ctx, n_slots = limits.slots(opts.ctx_size, opts.parallel, n_positions)
         max_input = limits.input_limit(n_positions, opts.ubatch_tokens, slot_ctx if opts.ctx_size > 0 else None)
@@ -101,7 +106,7 @@ class Engine:
                                 opts.half_step_widths, loaded.fixed_width or 0)
         self._tokenizer = tokenizer
         self._info = ModelInfo(
-            path=str(ckpt.path), model_type=ckpt.model_type, architecture=ckpt.architecture,
+            path=ckpt.display_path, model_type=ckpt.model_type, architecture=ckpt.architecture,
             vocab_type=tokenizer.vocab_type, n_vocab=tokenizer.n_vocab, n_embd=loaded.hidden_size,
             n_ctx_train=n_positions, n_params=loaded.n_params, size_bytes=loaded.size_bytes, ftype=loaded.ftype,
             pooling=mode, max_input_tokens=fitted.max_seq,
@@ -110,7 +115,8 @@ class Engine:
             kind=loaded.kind, family=loaded.family, batch_tokens=fitted.max_tokens, batch_rows=fitted.max_rows,
             widths=tuple(width_buckets(fitted.max_seq, fitted.half_steps, fitted.fixed_width)),
             prompts=tuple(ckpt.prompts.items()) if embedder else (), default_prompt_name=prompt_default,
-            instruction_template=INSTRUCTION_TEMPLATES.get(ckpt.model_type) if embedder else None)
+            instruction_template=INSTRUCTION_TEMPLATES.get(ckpt.model_type) if embedder else None,
+            file_format="gguf" if ckpt.gguf is not None else "safetensors", chat_template_inputs=self._chat is not None)
         log.info("loaded %s (%s, %s, %s) in %.2f s: pooling %s, %d params, per-input limit %d tokens, "
                  "batches of up to %d rows / %d tokens, BLAS: %s",
                  ckpt.path, ckpt.model_type, ckpt.architecture or "-", loaded.kind, time.monotonic() - started,
@@ -168,17 +174,48 @@ class Engine:
         return ids
 
     # -- requests ---------------------------------------------------------------------------------
+    def format_prompts(self, prompts: Sequence[Sequence[str | int]], prompt_name: str | None = None,
+                       instruction: str | None = None) -> list[list[str | int]]:
+        """Apply a request's prompt_name / instruction (or the default prompt) to its text prompts.
+
+        A model whose texts go through its chat template gets them rendered and tokenized here (the prompt as a
+        system message, as sentence-transformers does): those prompts come back as token ids.
+        """
+        info = self._require_embedder()
+        if self._chat is None:
+            return format_prompts(info, prompts, prompt_name, instruction)
+        choice = choose_prompt(info, prompt_name, instruction)
+        chat, tok = self._chat, self.tokenizer
+        return [tok.encode(chat.render(choice.apply(p[0]) if choice.instruction else p[0], choice.prefix),
+                           add_special=False) if is_text(p) else list(p) for p in prompts]
+
+    def embed_prompts(self, prompts: Sequence[Sequence[str | int]], *, truncate: bool | None = None,
+                      timeout_s: float = 3600) -> EmbedResult:
+        """Tokenize llama-server prompts (text and token-id parts, see encode_prompt) in one batched call on
+        the caller's thread, then embed them. Vectors are not normalized (callers choose embd_normalize)."""
+        self._require_embedder()
+        started = time.monotonic()
+        token_lists = self.tokenizer.encode_prompts(prompts)
+        tokenize_s = time.monotonic() - started
+        result = self.embed(token_lists, truncate=truncate, timeout_s=timeout_s)
+        result.timings.tokenize_s += tokenize_s
+        return result
+
     def embed(self, token_lists: list[list[int]], *, truncate: bool | None = None,
               timeout_s: float = 3600) -> EmbedResult:
         """Embed already tokenized inputs. Vectors are not normalized (callers choose embd_normalize)."""
-        info = self.info
-        if info.is_reranker:
-            raise InvalidInput("this server runs a reranker (rank pooling): it serves /rerank, not embeddings")
+        info = self._require_embedder()
         cut = self.options.truncate if truncate is None else truncate
         fitted = [self._fit(ids, info, cut) for ids in token_lists]
         results, timings = self._serve(fitted, None, timeout_s)
         return EmbedResult(vectors=[r.value for r in results], n_tokens=[len(ids) for ids in fitted],
                            timings=timings)
+
+    def _require_embedder(self) -> ModelInfo:
+        info = self.info
+        if info.is_reranker:
+            raise InvalidInput("this server runs a reranker (rank pooling): it serves /rerank, not embeddings")
+        return info
 
     def rerank(self, query: str, documents: Sequence[str], *, truncate: bool | None = None,
                instruction: str | None = None, timeout_s: float = 3600) -> RerankResult:
@@ -195,9 +232,12 @@ class Engine:
         started = time.monotonic()
         if self._prompt is not None:
             task = instruction or self.options.rerank_instruction
-            pairs = [(self._fit_prompt(query, doc, task, info, cut), None) for doc in documents]
+            rendered = self.tokenizer.encode_batch([self._prompt.render(query, doc, task) for doc in documents],
+                                                   add_special=False)
+            pairs = [(self._fit_prompt(ids, query, doc, task, info, cut), None)
+                     for ids, doc in zip(rendered, documents)]
         else:
-            pairs = [self._fit_pair(query, doc, info, cut) for doc in documents]
+            pairs = self._fit_pairs(query, documents, info, cut)
         tokenize_s = time.monotonic() - started
         type_lists = None if self._prompt is not None else [types for _, types in pairs]
         results, timings = self._serve([ids for ids, _ in pairs], type_lists, timeout_s)
@@ -239,20 +279,23 @@ class Engine:
         self._too_long(len(ids), info)
         return ids
 
-    def _fit_pair(self, query: str, document: str, info: ModelInfo, truncate: bool) -> tuple[list[int], list[int]]:
-        ids, types = self.tokenizer.encode_pair(query, document)
-        if len(ids) <= info.max_input_tokens:
-            return ids, types
-        if truncate:
-            return self.tokenizer.encode_pair(query, document, max_length=info.truncate_tokens)
-        self._too_long(len(ids), info)
-        return ids, types
+    def _fit_pairs(self, query: str, documents: Sequence[str], info: ModelInfo,
+                   truncate: bool) -> list[tuple[list[int], list[int]]]:
+        """(ids, token types) of every (query, document) pair; over-long pairs are cut (re-encoded with the
+        tokenizer's longest-first truncation) or refused."""
+        pairs = self.tokenizer.encode_pairs([(query, doc) for doc in documents])
+        too_long = [i for i, (ids, _) in enumerate(pairs) if len(ids) > info.max_input_tokens]
+        if too_long and not truncate:
+            self._too_long(len(pairs[too_long[0]][0]), info)
+        cut = self.tokenizer.encode_pairs([(query, documents[i]) for i in too_long], max_length=info.truncate_tokens)
+        for i, fitted in zip(too_long, cut, strict=True):
+            pairs[i] = fitted
+        return pairs
 
-    def _fit_prompt(self, query: str, document: str, instruction: str | None, info: ModelInfo,
+    def _fit_prompt(self, ids: list[int], query: str, document: str, instruction: str | None, info: ModelInfo,
                     truncate: bool) -> list[int]:
-        """The rendered prompt's tokens; truncation cuts the query/document content, never the scaffold."""
+        """The rendered prompt's tokens `ids`; truncation cuts the query/document content, never the scaffold."""
         tok = self.tokenizer
-        ids = tok.encode(self._prompt.render(query, document, instruction), add_special=False)
         if len(ids) <= info.max_input_tokens:
             return ids
         if not truncate:

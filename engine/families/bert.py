@@ -173,20 +173,26 @@ class Model(Trunk):
 
 
 class SequenceClassifier(nn.Module):
-    """BertForSequenceClassification: trunk, pooler (dense + tanh on [CLS]), classifier -> [B, labels]."""
+    """BertForSequenceClassification: trunk, pooler (dense + tanh on [CLS]), classifier -> [B, labels].
 
-    def __init__(self, args: ModelArgs, num_labels: int):
+    Families with the same head over another trunk subclass it, naming their trunk's key and class.
+    """
+
+    trunk_key = "bert"
+    trunk_class = Model
+
+    def __init__(self, args, num_labels: int):
         super().__init__()
-        self.bert = Model(args, add_pooler=True)
+        self[self.trunk_key] = self.trunk_class(args, add_pooler=True)
         self.classifier = nn.Linear(args.hidden_size, num_labels)
 
     @property
-    def trunk(self) -> Model:
-        return self.bert
+    def trunk(self) -> nn.Module:
+        return self[self.trunk_key]
 
     def __call__(self, input_ids: mx.array, attention_mask: mx.array,
                  token_type_ids: mx.array | None = None) -> mx.array:
-        return self.classifier(self.bert.pooler(self.bert(input_ids, attention_mask, token_type_ids)))
+        return self.classifier(self.trunk.pooler(self.trunk(input_ids, attention_mask, token_type_ids)))
 
     @staticmethod
     def label_count(weights: dict[str, mx.array]) -> int:

@@ -1,0 +1,127 @@
+"""GGUF files written here with the gguf package's GGUFWriter, named as llama.cpp's converter names tensors:
+K-quant and BF16 tensors load, and the engine computes what transformers computes on the same weights."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine.gguf.reader import GGUFFile
+from tests.conftest import gguf_fixture
+from tests.engine.helpers import cosine, hf_hidden, start_engine, torch
+
+gguf = pytest.importorskip("gguf")
+Q = gguf.GGMLQuantizationType
+
+# BertModel key -> llama.cpp's GGUF name (convert_hf_to_gguf's tensor map); per layer, "{i}" is the index
+BERT_NAMES = {
+    "embeddings.word_embeddings.weight": "token_embd.weight",
+    "embeddings.position_embeddings.weight": "position_embd.weight",
+    "embeddings.token_type_embeddings.weight": "token_types.weight",
+    "embeddings.LayerNorm.weight": "token_embd_norm.weight",
+    "embeddings.LayerNorm.bias": "token_embd_norm.bias",
+}
+BERT_LAYER_NAMES = {
+    "attention.self.query": "attn_q", "attention.self.key": "attn_k", "attention.self.value": "attn_v",
+    "attention.output.dense": "attn_output", "attention.output.LayerNorm": "attn_output_norm",
+    "intermediate.dense": "ffn_up", "output.dense": "ffn_down", "output.LayerNorm": "layer_output_norm",
+}
+# which weights are stored in which block format (rows of 256 and 512 values: K-quant super-blocks fit)
+QUANT_OF = {"attn_q": Q.Q4_K, "attn_k": Q.Q5_K, "attn_v": Q.Q6_K, "attn_output": Q.Q4_K, "ffn_up": Q.Q5_K,
+            "ffn_down": Q.Q6_K}
+# float16 fields of a block (offset, count) and a scale that keeps dequantized weights near BERT's 0.02
+_SCALES = {Q.Q4_K: (0, 2, 2e-4), Q.Q5_K: (0, 2, 1e-4), Q.Q6_K: (208, 1, 2e-5)}
+
+
+def _gguf_name(key: str) -> str:
+    if key in BERT_NAMES:
+        return BERT_NAMES[key]
+    _, index, rest = key.split(".", 2)  # encoder.layer.{i}.<module>.<weight|bias>
+    index, module_and_kind = rest.split(".", 1)
+    module, kind = module_and_kind.rsplit(".", 1)
+    return f"blk.{index}.{BERT_LAYER_NAMES[module]}.{kind}"
+
+
+def _random_blocks(qtype, shape: tuple[int, int], rng: np.random.Generator) -> np.ndarray:
+    """Random K-quant blocks for a [rows, cols] weight: every quant bit pattern, small finite scales."""
+    _, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
+    n_blocks = shape[0] * shape[1] // 256
+    blocks = rng.integers(0, 256, size=(n_blocks, block_bytes), dtype=np.uint8)
+    offset, count, scale = _SCALES[qtype]
+    blocks[:, offset: offset + 2 * count] = rng.uniform(0, scale, size=(n_blocks, count)).astype(np.float16).view(np.uint8)
+    return blocks.reshape(shape[0], -1)
+
+
+def write_bert_gguf(path: Path, hidden: int = 256, layers: int = 2) -> dict[str, np.ndarray]:
+    """A tiny random BERT as a GGUF (MiniLM's vocabulary, mean pooling); returns the float weights by HF key,
+    the quantized ones as the gguf package's reference dequantizer reads them."""
+    t = torch()
+    from transformers import BertConfig, BertModel
+
+    t.manual_seed(0)
+    config = BertConfig(vocab_size=30522, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=4,
+                        intermediate_size=2 * hidden, max_position_embeddings=128, type_vocab_size=2)
+    state = {k: v.numpy() for k, v in BertModel(config).state_dict().items() if "position_ids" not in k
+             and not k.startswith("pooler.")}
+    source = GGUFFile(gguf_fixture("minilm-f16.gguf")).metadata  # its WordPiece vocabulary and flags
+    writer = gguf.GGUFWriter(str(path), "bert")
+    writer.add_block_count(layers)
+    writer.add_context_length(128)
+    writer.add_embedding_length(hidden)
+    writer.add_feed_forward_length(2 * hidden)
+    writer.add_head_count(4)
+    writer.add_layer_norm_eps(1e-12)
+    writer.add_pooling_type(gguf.PoolingType.MEAN)
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M)
+    writer.add_tokenizer_model("bert")
+    writer.add_token_list(source["tokenizer.ggml.tokens"])
+    writer.add_token_types(source["tokenizer.ggml.token_type"].tolist())
+    for key in ("bos_token_id", "eos_token_id", "unknown_token_id", "seperator_token_id", "padding_token_id"):
+        writer.add_uint32(f"tokenizer.ggml.{key}", int(source[f"tokenizer.ggml.{key}"]))
+    for key in ("add_bos_token", "add_eos_token", "add_sep_token"):
+        writer.add_bool(f"tokenizer.ggml.{key}", bool(source[f"tokenizer.ggml.{key}"]))
+    rng = np.random.default_rng(0)
+    reference = {}
+    for key, value in state.items():
+        name = _gguf_name(key)
+        role = name.split(".")[2] if name.startswith("blk.") else ""
+        if key.endswith(".weight") and role in QUANT_OF:
+            blocks = _random_blocks(QUANT_OF[role], value.shape, rng)
+            writer.add_tensor(name, blocks, raw_dtype=QUANT_OF[role])
+            reference[key] = gguf.quants.dequantize(blocks, QUANT_OF[role])
+        elif name == "position_embd.weight":
+            bits = (value.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)  # truncated to BF16
+            writer.add_tensor(name, bits, raw_dtype=Q.BF16)
+            reference[key] = (bits.astype(np.uint32) << 16).view(np.float32)
+        else:
+            writer.add_tensor(name, value.astype(np.float32))
+            reference[key] = value.astype(np.float32)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return reference
+
+
+def test_k_quant_and_bf16_bert_gguf_equals_transformers_on_the_same_weights(tmp_path):
+    path = tmp_path / "tiny-bert-q4_k_m.gguf"
+    weights = write_bert_gguf(path)
+    assert {t.type_name for t in GGUFFile(path).tensors.values()} == {"Q4_K", "Q5_K", "Q6_K", "BF16", "F32"}
+    t = torch()
+    from transformers import BertConfig, BertModel
+
+    reference = BertModel(BertConfig(vocab_size=30522, hidden_size=256, num_hidden_layers=2, num_attention_heads=4,
+                                     intermediate_size=512, max_position_embeddings=128), add_pooling_layer=False)
+    reference.load_state_dict({k: t.from_numpy(v.copy()) for k, v in weights.items()}, strict=False)
+    reference.eval()
+    eng = start_engine(path)
+    try:
+        assert eng.info.ftype == "Q4_K - Medium"
+        texts = ["The quick brown fox jumps over the lazy dog.", "K-quants keep 4 to 6 bits per weight."]
+        ids = [eng.encode_prompt([s]) for s in texts]
+        ours = eng.embed(ids).vectors
+    finally:
+        eng.close(wait=True)
+    for row, token_ids in zip(ours, ids, strict=True):
+        assert cosine(row, hf_hidden(reference, token_ids).mean(axis=0)) >= 0.99999
