@@ -2,6 +2,7 @@
 K-quant and BF16 tensors load, and the engine computes what transformers computes on the same weights."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -125,3 +126,95 @@ def test_k_quant_and_bf16_bert_gguf_equals_transformers_on_the_same_weights(tmp_
         eng.close(wait=True)
     for row, token_ids in zip(ours, ids, strict=True):
         assert cosine(row, hf_hidden(reference, token_ids).mean(axis=0)) >= 0.99999
+
+
+# Qwen3ForCausalLM key -> llama.cpp's GGUF name (convert_hf_to_gguf's tensor map)
+QWEN3_LAYER_NAMES = {
+    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
+    "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+}
+
+
+def write_qwen3_reranker_gguf(folder: Path, path: Path) -> None:
+    """A tiny Qwen3ForCausalLM as llama.cpp converts Qwen3-Reranker: `cls.output` = the LM head's rows for
+    "yes" and "no", the card's prompt (default instruction) as `tokenizer.chat_template.rerank`, rank pooling."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from tests.engine.families.qwen3_fixture import CARD_INSTRUCTION, CARD_PREFIX, CARD_SUFFIX, QWEN3_SPECIALS
+
+    config = AutoConfig.from_pretrained(folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    state = {k: v.float().numpy() for k, v in AutoModelForCausalLM.from_pretrained(folder).state_dict().items()}
+    spec = json.loads(tokenizer.backend_tokenizer.to_str())
+    vocab = tokenizer.get_vocab()
+    tokens = [t for t, _ in sorted(vocab.items(), key=lambda item: item[1])]
+    merges = [m if isinstance(m, str) else " ".join(m) for m in spec["model"]["merges"]]
+    writer = gguf.GGUFWriter(str(path), "qwen3")
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_key_length(config.head_dim)
+    writer.add_value_length(config.head_dim)
+    writer.add_rope_freq_base(config.rope_theta if hasattr(config, "rope_theta") else
+                              config.rope_parameters["rope_theta"])
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_pooling_type(gguf.PoolingType.RANK)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("gpt-2")
+    writer.add_token_list(tokens)
+    writer.add_token_types([3 if t in QWEN3_SPECIALS else 1 for t in tokens])
+    writer.add_token_merges(merges)
+    writer.add_eos_token_id(vocab["<|im_end|>"])
+    writer.add_pad_token_id(vocab["<|endoftext|>"])
+    writer.add_bos_token_id(vocab["<|endoftext|>"])
+    writer.add_add_bos_token(False)
+    writer.add_string("tokenizer.chat_template.rerank", CARD_PREFIX + f"<Instruct>: {CARD_INSTRUCTION}\n<Query>: "
+                      "{query}\n<Document>: {document}" + CARD_SUFFIX)
+    for key, value in state.items():
+        if key == "model.embed_tokens.weight":
+            writer.add_tensor("token_embd.weight", value)
+        elif key == "model.norm.weight":
+            writer.add_tensor("output_norm.weight", value)
+        elif key.startswith("model.layers."):
+            _, _, index, rest = key.split(".", 3)
+            module, kind = rest.rsplit(".", 1)
+            writer.add_tensor(f"blk.{index}.{QWEN3_LAYER_NAMES[module]}.{kind}", value)
+    head = state.get("lm_head.weight", state["model.embed_tokens.weight"])
+    writer.add_tensor("cls.output.weight", np.stack([head[vocab["yes"]], head[vocab["no"]]]))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def test_qwen3_reranker_gguf_gives_the_model_cards_p_yes(tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from engine import Pooling
+    from tests.engine.families.qwen3_fixture import CARD_INSTRUCTION, CARD_PREFIX, CARD_SUFFIX, make_checkpoint
+
+    folder = make_checkpoint(tmp_path / "qwen3")
+    path = tmp_path / "qwen3-reranker.gguf"
+    write_qwen3_reranker_gguf(folder, path)
+    query, docs = "What is the capital of China?", ["The capital of China is Beijing.", "Gravity is a force."]
+    t = torch()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    yes, no = tokenizer.convert_tokens_to_ids("yes"), tokenizer.convert_tokens_to_ids("no")
+    want = []
+    for doc in docs:  # the model card's recipe, one pair at a time
+        text = CARD_PREFIX + f"<Instruct>: {CARD_INSTRUCTION}\n<Query>: {query}\n<Document>: {doc}" + CARD_SUFFIX
+        with t.no_grad():
+            last = model(input_ids=t.tensor([tokenizer.encode(text, add_special_tokens=False)])).logits[0, -1]
+        want.append(float(t.sigmoid(last[yes] - last[no])))
+    eng = start_engine(path, pooling=Pooling.RANK)
+    try:
+        got = eng.rerank(query, docs).scores
+    finally:
+        eng.close(wait=True)
+    np.testing.assert_allclose(got, want, atol=1e-5)
