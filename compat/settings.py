@@ -911,7 +911,6 @@ class EmbedCommand(_ModelOptions):
     batch_size: int = option(0, flags=["--batch-size"], metavar="N", group="model",
                              help="most texts in one forward pass; 0 = the engine's limits (as the server's)")
     max_batch_tokens: int = shared_option("max_batch_tokens")
-    half_step_widths: bool = shared_option("half_step_widths")
 
     input: str | None = option(None, flags=["--input"], metavar="FILE", group="corpus",
                                help="embed a corpus file: JSON lines, CSV, Parquet, or plain text (one document per "
@@ -938,8 +937,7 @@ class EmbedCommand(_ModelOptions):
                              help="actors embedding at once, one engine each (each takes -t CPUs, default 1)")
 
     def engine_settings(self, **more: Any) -> Settings:
-        return super().engine_settings(pooling=self.pooling, max_batch_tokens=self.max_batch_tokens,
-                                       half_step_widths=self.half_step_widths, **more)
+        return super().engine_settings(pooling=self.pooling, max_batch_tokens=self.max_batch_tokens, **more)
 
     @field_validator("batch_size", "rows_per_group", "ray_actors")
     @classmethod

@@ -44,7 +44,7 @@ def encoder_options(command: EmbedCommand) -> dict[str, Any]:
     """The engine options the command line sets, through the server's own conversion (Settings.engine_options)."""
     opts = command.engine_settings().engine_options(None)
     return {name: getattr(opts, name) for name in ("offline", "pooling", "ubatch_tokens", "truncate",
-                                                   "max_batch_tokens", "max_seq", "half_step_widths", "threads")}
+                                                   "max_batch_tokens", "max_seq", "threads")}
 
 
 def reranker_options(command: RerankCommand) -> dict[str, Any]:

@@ -44,6 +44,25 @@ def _gguf_name(key: str) -> str:
     return f"blk.{index}.{BERT_LAYER_NAMES[module]}.{kind}"
 
 
+def add_minilm_vocabulary(writer) -> None:
+    """all-MiniLM-L6-v2's WordPiece vocabulary and special-token flags, as its llama.cpp conversion has them."""
+    source = GGUFFile(gguf_fixture("minilm-f16.gguf")).metadata
+    writer.add_tokenizer_model("bert")
+    writer.add_token_list(source["tokenizer.ggml.tokens"])
+    writer.add_token_types(source["tokenizer.ggml.token_type"].tolist())
+    for key in ("bos_token_id", "eos_token_id", "unknown_token_id", "seperator_token_id", "padding_token_id"):
+        writer.add_uint32(f"tokenizer.ggml.{key}", int(source[f"tokenizer.ggml.{key}"]))
+    for key in ("add_bos_token", "add_eos_token", "add_sep_token"):
+        writer.add_bool(f"tokenizer.ggml.{key}", bool(source[f"tokenizer.ggml.{key}"]))
+
+
+def finish(writer) -> None:
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
 def _random_blocks(qtype, shape: tuple[int, int], rng: np.random.Generator) -> np.ndarray:
     """Random K-quant blocks for a [rows, cols] weight: every quant bit pattern, small finite scales."""
     _, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
@@ -65,7 +84,6 @@ def write_bert_gguf(path: Path, hidden: int = 256, layers: int = 2) -> dict[str,
                         intermediate_size=2 * hidden, max_position_embeddings=128, type_vocab_size=2)
     state = {k: v.numpy() for k, v in BertModel(config).state_dict().items() if "position_ids" not in k
              and not k.startswith("pooler.")}
-    source = GGUFFile(gguf_fixture("minilm-f16.gguf")).metadata  # its WordPiece vocabulary and flags
     writer = gguf.GGUFWriter(str(path), "bert")
     writer.add_block_count(layers)
     writer.add_context_length(128)
@@ -75,13 +93,7 @@ def write_bert_gguf(path: Path, hidden: int = 256, layers: int = 2) -> dict[str,
     writer.add_layer_norm_eps(1e-12)
     writer.add_pooling_type(gguf.PoolingType.MEAN)
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M)
-    writer.add_tokenizer_model("bert")
-    writer.add_token_list(source["tokenizer.ggml.tokens"])
-    writer.add_token_types(source["tokenizer.ggml.token_type"].tolist())
-    for key in ("bos_token_id", "eos_token_id", "unknown_token_id", "seperator_token_id", "padding_token_id"):
-        writer.add_uint32(f"tokenizer.ggml.{key}", int(source[f"tokenizer.ggml.{key}"]))
-    for key in ("add_bos_token", "add_eos_token", "add_sep_token"):
-        writer.add_bool(f"tokenizer.ggml.{key}", bool(source[f"tokenizer.ggml.{key}"]))
+    add_minilm_vocabulary(writer)
     rng = np.random.default_rng(0)
     reference = {}
     for key, value in state.items():
@@ -98,10 +110,7 @@ def write_bert_gguf(path: Path, hidden: int = 256, layers: int = 2) -> dict[str,
         else:
             writer.add_tensor(name, value.astype(np.float32))
             reference[key] = value.astype(np.float32)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    finish(writer)
     return reference
 
 
@@ -186,10 +195,7 @@ def write_qwen3_reranker_gguf(folder: Path, path: Path) -> None:
             writer.add_tensor(f"blk.{index}.{QWEN3_LAYER_NAMES[module]}.{kind}", value)
     head = state.get("lm_head.weight", state["model.embed_tokens.weight"])
     writer.add_tensor("cls.output.weight", np.stack([head[vocab["yes"]], head[vocab["no"]]]))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    finish(writer)
 
 
 def test_qwen3_reranker_gguf_gives_the_model_cards_p_yes(tmp_path):
@@ -218,3 +224,50 @@ def test_qwen3_reranker_gguf_gives_the_model_cards_p_yes(tmp_path):
     finally:
         eng.close(wait=True)
     np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+# NomicBertModel key (the hub's names) -> llama.cpp's GGUF name
+NOMIC_NAMES = {"embeddings.word_embeddings.weight": "token_embd.weight",
+               "embeddings.token_type_embeddings.weight": "token_types.weight",
+               "emb_ln.weight": "token_embd_norm.weight", "emb_ln.bias": "token_embd_norm.bias"}
+NOMIC_LAYER_NAMES = {"attn.Wqkv": "attn_qkv", "attn.out_proj": "attn_output", "norm1": "attn_output_norm",
+                     "mlp.fc11": "ffn_up", "mlp.fc12": "ffn_gate", "mlp.fc2": "ffn_down", "norm2": "layer_output_norm"}
+
+
+def test_nomic_bert_gguf_equals_transformers(tmp_path):
+    from safetensors.numpy import load_file
+
+    from tests.engine.families.test_nomic_bert import TEXTS, make_random_nomic
+    from tests.engine.helpers import load_hf_model
+
+    folder = make_random_nomic(tmp_path / "nomic", seed=5)
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    path = tmp_path / "nomic-f16.gguf"
+    writer = gguf.GGUFWriter(str(path), "nomic-bert")
+    writer.add_block_count(config["num_hidden_layers"])
+    writer.add_context_length(2048)
+    writer.add_embedding_length(config["hidden_size"])
+    writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_head_count(config["num_attention_heads"])
+    writer.add_layer_norm_eps(config["layer_norm_eps"])
+    writer.add_rope_freq_base(config["rope_parameters"]["rope_theta"])
+    writer.add_pooling_type(gguf.PoolingType.MEAN)
+    add_minilm_vocabulary(writer)
+    for key, value in load_file(str(folder / "model.safetensors")).items():
+        if key in NOMIC_NAMES:
+            name = NOMIC_NAMES[key]
+        else:  # encoder.layers.{i}.<module>.<weight|bias>
+            _, _, index, rest = key.split(".", 3)
+            module, kind = rest.rsplit(".", 1)
+            name = f"blk.{index}.{NOMIC_LAYER_NAMES[module]}.{kind}"
+        writer.add_tensor(name, value.astype(np.float16 if value.ndim == 2 else np.float32))
+    finish(writer)
+    reference = load_hf_model(folder, "NomicBertModel")
+    eng = start_engine(path)
+    try:
+        ids = [eng.encode_prompt([s]) for s in TEXTS]
+        ours = eng.embed(ids).vectors
+    finally:
+        eng.close(wait=True)
+    for row, token_ids in zip(ours, ids, strict=True):
+        assert cosine(row, hf_hidden(reference, token_ids).mean(axis=0)) >= 0.9999  # F16 weights
