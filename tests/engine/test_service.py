@@ -12,8 +12,7 @@ import pytest
 
 from engine import Engine, EngineOptions
 from engine.errors import (CheckpointNotFound, EmptyInput, ForwardFailed, InputTooLong, InvalidTokens, NotLoaded,
-                           OutOfMemory, QueueFull, ReplyTimeout, TooManyInputs,
-                           UnsupportedCheckpoint)
+                           OutOfMemory, QueueFull, ReplyTimeout, TooManyInputs, UnsupportedCheckpoint)
 from tests.engine.helpers import start_engine
 
 SEP = 102
@@ -314,11 +313,11 @@ def test_inputs_within_the_limit_are_not_truncated(minilm):
 
 
 # -- queue, timeouts, failures ---------------------------------------------------------------------------------
-def test_more_inputs_than_the_queue_holds(minilm_path):
+def test_a_request_larger_than_the_queue_is_refused_whole(minilm_path):
     eng = start_engine(minilm_path, max_queue_items=2)
     try:
         ids = [101, 7592, 102]
-        with pytest.raises(TooManyInputs):  # it could never fit: not a QueueFull ("retry later")
+        with pytest.raises(TooManyInputs, match="3 inputs; the engine queue holds at most 2"):
             eng.embed([ids, ids, ids])
         assert eng.stats()["requests_deferred"] == 0  # all or nothing
         assert len(eng.embed([ids, ids]).vectors) == 2
