@@ -26,7 +26,8 @@ class EmbeddingsResource:
             request = parse_embeddings_request(body(), oai_route=self._oai,
                                                default_normalize=served.settings.embd_normalize,
                                                width=served.engine.info.n_embd)
-            prompts = served.engine.format_prompts(request.prompts, request.prompt_name, request.instruction)
+            prompts = served.engine.format_prompts(request.prompts, request.prompt_name, request.instruction,
+                                                   request.truncate)
             result = served.engine.embed_prompts(prompts, truncate=request.truncate, timeout_s=served.remaining_s)
             served.record(result)
         resp.media = render_embeddings_response(request, result, served.name)
