@@ -24,7 +24,7 @@ from engine.pipeline import (
 )
 from engine.chat_inputs import ChatInputs
 from engine.prompts import INSTRUCTION_TEMPLATES, RerankPrompt, choose_prompt, default_prompt_name, format_prompts, is_text
-from engine.scheduler import BatchLimits, width_buckets
+from engine.scheduler import BatchLimits, warm_widths
 from engine.tokenize import TextTokenizer, open_tokenizer
 from engine.types import (
     EmbedResult,
@@ -103,7 +103,7 @@ class Engine:
         if opts.max_seq > 0:
             max_input = min(max_input, opts.max_seq)
         fitted = shapes.prepare(runner, tokenizer.pad_id, max_input, opts.max_batch_tokens, opts.max_batch_rows,
-                                opts.half_step_widths, loaded.fixed_width or 0)
+                                loaded.fixed_width or 0)
         self._tokenizer = tokenizer
         self._info = ModelInfo(
             path=ckpt.display_path, model_type=ckpt.model_type, architecture=ckpt.architecture,
@@ -113,7 +113,7 @@ class Engine:
             truncate_tokens=limits.truncation_length(ckpt.max_seq_length, n_positions, fitted.max_seq),
             slot_ctx=slot_ctx, n_slots=n_slots, bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token,
             kind=loaded.kind, family=loaded.family, batch_tokens=fitted.max_tokens, batch_rows=fitted.max_rows,
-            widths=tuple(width_buckets(fitted.max_seq, fitted.half_steps, fitted.fixed_width)),
+            widths=tuple(warm_widths(fitted.max_seq, fitted.fixed_width)),
             prompts=tuple(ckpt.prompts.items()) if embedder else (), default_prompt_name=prompt_default,
             instruction_template=INSTRUCTION_TEMPLATES.get(ckpt.model_type) if embedder else None,
             file_format="gguf" if ckpt.gguf is not None else "safetensors", chat_template_inputs=self._chat is not None)

@@ -18,7 +18,11 @@ class GGUFTokenizer(TextTokenizer):
         # llama-server's rerank prompt of this file (Qwen3 rerankers): plain {query}/{document} substitution
         self.rerank_template: str | None = meta.get("tokenizer.chat_template.rerank")
 
-    def encode_pair(self, first: str, second: str, max_length: int | None = None) -> tuple[list[int], list[int]]:
+    def encode_pairs(self, pairs: Sequence[tuple[str, str]],
+                     max_length: int | None = None) -> list[tuple[list[int], list[int]]]:
+        return [self._rerank_prompt(query, document, max_length) for query, document in pairs]
+
+    def _rerank_prompt(self, first: str, second: str, max_length: int | None) -> tuple[list[int], list[int]]:
         """llama-server's rerank prompt: the file's rerank template, else [BOS] q [EOS] [SEP] d [EOS] by the
         file's flags; every token type 0. With max_length, query and document are cut longest-first."""
         if self.rerank_template is not None:

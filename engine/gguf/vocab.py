@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
 from engine.errors import UnsupportedCheckpoint
@@ -70,9 +71,11 @@ def build(meta: dict[str, Any], source: str) -> tuple[Tokenizer, SpecialRules]:
         tok, rules = _wordpiece(meta, tokens, types)
     elif model == "gpt2":
         tok, rules = _byte_level_bpe(meta, tokens, types, source)
+    elif model == "t5":
+        tok, rules = _unigram(meta, tokens, types, source)
     else:
         raise UnsupportedCheckpoint(f"{source}: tokenizer model {model!r} is not supported "
-                                    f"(supported: bert (WordPiece), gpt2 (byte-level BPE))")
+                                    f"(supported: bert (WordPiece), gpt2 (byte-level BPE), t5 (Unigram))")
     _add_specials(tok, tokens, types)
     tok.post_processor = _template(rules, tokens, model == "bert")
     return tok, rules
@@ -145,6 +148,31 @@ def _byte_level_bpe(meta: dict[str, Any], tokens: list[str], types: list[int],
     tok.decoder = decoders.ByteLevel()
     rules = _rules(meta, len(tokens), {"add_bos": pre.add_bos, "add_eos": False, "add_sep": pre.add_sep,
                                        "bos": 11, "eos": 11, "sep": None, "pad": None, "unk": None})
+    return tok, rules
+
+
+def _unigram(meta: dict[str, Any], tokens: list[str], types: list[int],
+             source: str) -> tuple[Tokenizer, SpecialRules]:
+    """SentencePiece unigram (XLM-R and T5 conversions): llama.cpp's UGM normalization is the precompiled
+    charsmap, then (remove_extra_whitespaces) runs of spaces collapsed and both ends stripped, then (add_space_prefix)
+    a leading space, spaces written as the meta symbol."""
+    scores = meta.get("tokenizer.ggml.scores")
+    if scores is None:
+        raise UnsupportedCheckpoint(f"{source}: a unigram tokenizer without tokenizer.ggml.scores")
+    rules = _rules(meta, len(tokens), {"add_bos": False, "add_eos": True, "add_sep": False, "bos": None,
+                                       "eos": 1, "sep": None, "pad": 0, "unk": 2})
+    tok = Tokenizer(models.Unigram([(t, float(sc)) for t, sc in zip(tokens, scores)], unk_id=rules.unk_id,
+                                   byte_fallback=False))
+    steps = []
+    charsmap = meta.get("tokenizer.ggml.precompiled_charsmap")
+    if charsmap is not None and len(charsmap):
+        steps.append(normalizers.Precompiled(np.asarray(charsmap).astype(np.uint8).tobytes()))
+    if _flag(meta, "remove_extra_whitespaces", True):
+        steps += [normalizers.Replace(Regex(" {2,}"), " "), normalizers.Strip(left=True, right=True)]
+    tok.normalizer = normalizers.Sequence(steps)
+    prepend = "always" if _flag(meta, "add_space_prefix", True) else "never"
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement=PHANTOM_SPACE, prepend_scheme=prepend, split=True)
+    tok.decoder = decoders.Metaspace(replacement=PHANTOM_SPACE, prepend_scheme=prepend, split=True)
     return tok, rules
 
 

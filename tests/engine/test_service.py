@@ -12,7 +12,7 @@ import pytest
 
 from engine import Engine, EngineOptions
 from engine.errors import (CheckpointNotFound, EmptyInput, ForwardFailed, InputTooLong, InvalidTokens, NotLoaded,
-                           QueueFull, ReplyTimeout, UnsupportedCheckpoint)
+                           QueueFull, ReplyTimeout, TooManyInputs, UnsupportedCheckpoint)
 from tests.engine.helpers import start_engine
 
 SEP = 102
@@ -313,11 +313,11 @@ def test_inputs_within_the_limit_are_not_truncated(minilm):
 
 
 # -- queue, timeouts, failures ---------------------------------------------------------------------------------
-def test_queue_full(minilm_path):
+def test_a_request_larger_than_the_queue_is_refused_whole(minilm_path):
     eng = start_engine(minilm_path, max_queue_items=2)
     try:
         ids = [101, 7592, 102]
-        with pytest.raises(QueueFull):
+        with pytest.raises(TooManyInputs, match="3 inputs; the engine queue holds at most 2"):
             eng.embed([ids, ids, ids])
         assert eng.stats()["requests_deferred"] == 0  # all or nothing
         assert len(eng.embed([ids, ids]).vectors) == 2
@@ -408,14 +408,16 @@ def test_stats_and_timings(minilm_path):
         eng.close()
 
 
-def test_half_step_widths_prepare_more_shapes_and_keep_the_vectors(minilm, minilm_path):
-    half = start_engine(minilm_path, half_step_widths=True)
-    try:
-        assert half.info.widths == (8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
-        assert minilm.info.widths == (8, 16, 32, 64, 128, 256, 512)
-        texts = ["word " * n for n in (1, 9, 15, 30, 70, 150)]
-        ids = [minilm.encode_prompt([t]) for t in texts]
-        for a, b in zip(minilm.embed(ids).vectors, half.embed(ids).vectors, strict=True):
-            np.testing.assert_allclose(a, b, atol=1e-5)  # padding is masked whatever the bucket
-    finally:
-        half.close()
+def test_passes_run_at_exact_widths_and_keep_the_vectors(minilm, monkeypatch):
+    """Every input length gets its own pass width (none of them warmed at load), and a vector does not depend on
+    the width it ran at: alone, or padded inside a batch of longer inputs."""
+    assert minilm.info.widths == (8, 16, 32, 64, 128, 256, 512)
+    widths = []
+    real = minilm._worker._runner
+    monkeypatch.setattr(minilm._worker, "_runner", lambda ids, *rest: widths.append(ids.shape[1]) or real(ids, *rest))
+    ids = [_ids(minilm, "word " * n) for n in (1, 9, 15, 30, 70, 150)]
+    alone = [minilm.embed([one]).vectors[0] for one in ids]
+    assert widths == [len(one) for one in ids]
+    together = minilm.embed(ids).vectors
+    for a, b in zip(alone, together, strict=True):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
