@@ -162,10 +162,16 @@ class Engine:
         return self.tokenizer.encode_prompt(parts, add_special, parse_special)
 
     def token_pieces(self, ids: Sequence[int]) -> list[str | list[int]]:
-        return self.tokenizer.pieces(ids)
+        return self.tokenizer.pieces(self._known(ids))
 
     def decode(self, ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(ids)
+        return self.tokenizer.decode(self._known(ids))
+
+    def _known(self, ids: Sequence[int]) -> Sequence[int]:
+        """Ids in [0, n_vocab): the tokenizer library overflows (or invents text) on anything else."""
+        if ids and (min(ids) < 0 or max(ids) >= self.tokenizer.n_vocab):
+            raise InvalidTokens("Prompt contains invalid tokens")
+        return ids
 
     # -- requests ---------------------------------------------------------------------------------
     def format_prompts(self, prompts: Sequence[Sequence[str | int]], prompt_name: str | None = None,
