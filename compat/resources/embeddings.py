@@ -27,7 +27,8 @@ class EmbeddingsResource:
                                                default_normalize=served.settings.embd_normalize,
                                                width=served.engine.info.n_embd)
             check_client_batch(len(request.prompts), served.settings.max_client_batch_size, "inputs")
-            prompts = served.engine.format_prompts(request.prompts, request.prompt_name, request.instruction)
+            prompts = served.engine.format_prompts(request.prompts, request.prompt_name, request.instruction,
+                                                   request.truncate)
             result = served.engine.embed_prompts(prompts, truncate=request.truncate, timeout_s=served.remaining_s)
             served.record(result)
         resp.media = render_embeddings_response(request, result, served.name)
