@@ -17,6 +17,7 @@ from compat.cli import embed_main, rerank_main
 from engine import Encoder, Reranker
 from engine.errors import InputTooLong, InvalidInput
 from tests.conftest import minilm_dir
+from tests.engine.families.qwen3_fixture import make_checkpoint
 from tests.server.harness import ROOT, ServerProcess, clean_env
 
 TEXTS = ["The cat sits on the mat.", "A feline rests on a rug.", "Quarterly revenue, up 12%, beat forecasts."]
@@ -135,6 +136,13 @@ def test_prompt_name_and_instruction_as_the_server_applies_them(tmp_path, embed_
     assert "'instruction' is not supported by this model" in capsys.readouterr().err
 
 
+def test_encoder_loads_a_gguf_file(encoder):
+    gguf = ce_fixture_dir().parent / "gguf" / "minilm-f16.gguf"  # MiniLM converted by llama.cpp, f16 weights
+    with Encoder(gguf) as from_gguf:
+        vectors = from_gguf.encode(TEXTS)
+    assert np.min(np.sum(vectors * encoder.encode(TEXTS), axis=1)) > 0.9999
+
+
 def test_encoder_as_a_ray_data_callable(encoder):
     batch = {"id": np.array([7, 8, 9]), "text": np.array(TEXTS)}
     out = encoder(batch)
@@ -158,6 +166,24 @@ def test_reranker_predict_mixes_queries_and_is_a_ray_callable(reranker, rerank_s
     np.testing.assert_allclose(reranker.predict(pairs), expected, rtol=0, atol=1e-6)
     out = reranker({"query": np.array([q for q, _ in pairs]), "document": np.array([d for _, d in pairs])})
     np.testing.assert_allclose(out["score"], expected, rtol=0, atol=1e-6)
+
+
+def test_generative_reranker_instruction_reaches_the_prompt(tmp_path, capsys):
+    folder = make_checkpoint(tmp_path / "qwen3-reranker")  # a tiny random Qwen3 with the card's yes/no recipe
+    query, documents, task = "What is the capital of China?", ["The capital of China is Beijing.", "Gravity."], \
+        "Judge if the document answers a geography question"
+    with ServerProcess("-m", str(folder), "--reranking", "--offline") as srv:
+        expected = {}
+        for instruction in (None, task):
+            body = {"query": query, "documents": documents, **({"instruction": instruction} if instruction else {})}
+            results = srv.post("/v1/rerank", json=body).json()["results"]
+            expected[instruction] = [r["relevance_score"] for r in sorted(results, key=lambda r: r["index"])]
+    assert expected[None] != expected[task]
+    out = run_json(rerank_main, "-m", str(folder), "-q", query, *(a for d in documents for a in ("-d", d)),
+                   "--instruction", task, capsys=capsys)
+    assert out["kind"] == "generative-reranker" and out["scores"] == expected[task]
+    with Reranker(folder) as rr:
+        np.testing.assert_allclose(rr.predict([(query, d) for d in documents]), expected[None], rtol=0, atol=1e-6)
 
 
 def test_context_manager_releases_the_model():
