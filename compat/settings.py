@@ -203,10 +203,10 @@ class Settings(BaseSettings):
              "re-read on SIGHUP or POST /models?reload=1")
     embedding_model: list[str] = option(
         [], flags=["--embedding-model"], kind="accumulating", env="LLAMA_ARG_EMBEDDING_MODEL", metavar="REF[=ALIAS]",
-        group="models", help="also serve this embedding model (a folder or org/name repository); repeatable")
+        group="models", help="also serve this embedding model (a folder, a .gguf file or an org/name[:QUANT] repository); repeatable")
     reranker_model: list[str] = option(
         [], flags=["--reranker-model"], kind="accumulating", env="LLAMA_ARG_RERANKER_MODEL", metavar="REF[=ALIAS]",
-        group="models", help="also serve this reranker (a folder or org/name repository); repeatable")
+        group="models", help="also serve this reranker (a folder, a .gguf file or an org/name[:QUANT] repository); repeatable")
     models_max: int = option(
         4, flags=["--models-max"], env="LLAMA_ARG_MODELS_MAX", metavar="N", group="models",
         help="most models loaded at once; the least recently used idle one is unloaded first; 0 = no limit")
