@@ -17,6 +17,11 @@ from engine.types import Pooling
 MODEL_TYPE_ALIASES = {"xlm-roberta": "xlm_roberta", "siglip_text_model": "siglip", "mistral": "llama",
                       "llama_bidirec": "llama", "new": "gte"}
 
+# transformers' names for architectures whose published checkpoints spell them otherwise.
+ARCHITECTURE_ALIASES = {"GteModel": "NewModel", "GteForMaskedLM": "NewForMaskedLM",
+                        "GteForTokenClassification": "NewForTokenClassification",
+                        "GteForSequenceClassification": "NewForSequenceClassification"}
+
 # What each family file serves, by architectures[0] ("" = a config without architectures).
 EMBEDDERS = {
     "bert": {"", "BertModel", "BertForMaskedLM", "BertForPreTraining"},
@@ -29,8 +34,7 @@ EMBEDDERS = {
     "gemma3_text": {"", "Gemma3TextModel", "Gemma3ForCausalLM"},
     "nomic_bert": {"", "NomicBertModel", "NomicBertForPreTraining"},
     # gte-multilingual-base ships as NewForTokenClassification (its sparse-weight head); the trunk embeds
-    "gte": {"", "NewModel", "GteModel", "NewForMaskedLM", "GteForMaskedLM", "NewForTokenClassification",
-            "GteForTokenClassification"},
+    "gte": {"", "NewModel", "NewForMaskedLM", "NewForTokenClassification"},
     "siglip": {"", "SiglipModel", "SiglipTextModel"},
 }
 CROSS_ENCODERS = {
@@ -90,6 +94,7 @@ def kind_of(checkpoint: Checkpoint, rank: bool = False) -> str:
 
         return CROSS_ENCODER if is_reranker(checkpoint.gguf) else EMBEDDER
     name, arch = family_name(checkpoint), checkpoint.architecture
+    arch = ARCHITECTURE_ALIASES.get(arch, arch)
     if CROSS_ENCODERS.get(name) == arch:
         return CROSS_ENCODER
     # A sentence-transformers pooling layout (1_Pooling, a Pooling module) marks an embedding export, such as

@@ -70,7 +70,7 @@ def build(checkpoint: Checkpoint) -> tuple[nn.Module, nn.Module, str]:
         hidden = int(checkpoint.config["hidden_size"])
         n_out = head_weights["cls_output.bias"].shape[0] if "cls_output.bias" in head_weights else \
             head_weights["cls_output.weight"].size // hidden
-        model = RankHead(trunk, hidden, n_out, dense="cls.weight" in head_weights,
+        model = RankHead(trunk, hidden, n_out, present=set(head_weights),
                          pooling=Pooling.LAST if mapping.CAUSAL else Pooling.CLS,
                          softmax=gguf.architecture == "qwen3")
         weights = {**{f"trunk.{k}": v for k, v in weights.items()}, **head_weights}
