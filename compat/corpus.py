@@ -168,7 +168,8 @@ def local_groups(command: EmbedCommand, ref: str, reader: CorpusReader) -> Itera
         for chunk in chunks(reader, command.rows_per_group):
             texts = [row.text for row in chunk if row.error is None]
             encoded = encoder.encode_rows(texts, normalize=command.embd_normalize, dimensions=command.dimensions,
-                                          prompt_name=command.prompt_name, instruction=command.instruction)
+                                          prompt_name=command.prompt_name, instruction=command.instruction,
+                                          batch_size=command.batch_size or None)
             group = Group(len(chunk))
             results = iter(zip(encoded.vectors, encoded.errors))
             for row in chunk:
@@ -219,6 +220,8 @@ def run_command(command: EmbedCommand, progress_to: TextIO = sys.stderr) -> int:
     """mlx-embed --input FILE --output OUT.parquet: exit status 0, or 1 when any row failed."""
     if command.prompt:
         raise SettingsError("give either texts (-p) or a corpus (--input), not both")
+    if command.json_output:
+        raise SettingsError("--json prints the vectors of -p texts; a corpus is written to --output")
     if not command.output:
         raise SettingsError("--input needs --output OUT.parquet")
     source = Path(command.input)

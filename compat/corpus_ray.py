@@ -101,7 +101,8 @@ def ray_groups(command: EmbedCommand, ref: str, reader: CorpusReader) -> Iterato
     cpus = command.threads if command.threads > 0 else 1
     options = {**encoder_options(command), "threads": cpus}
     encode = {"normalize": command.embd_normalize, "dimensions": command.dimensions,
-              "prompt_name": command.prompt_name, "instruction": command.instruction}
+              "prompt_name": command.prompt_name, "instruction": command.instruction,
+              "batch_size": command.batch_size or None}
     runtime_env = _runtime_env()
     source = CorpusDatasource(reader.path, reader.text_field, reader.id_field, reader.skip, reader.ids_from_field,
                               command.rows_per_group)

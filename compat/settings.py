@@ -939,6 +939,12 @@ class EmbedCommand(_ModelOptions):
     def engine_settings(self, **more: Any) -> Settings:
         return super().engine_settings(pooling=self.pooling, max_batch_tokens=self.max_batch_tokens, **more)
 
+    def corpus_flags_given(self) -> list[str]:
+        """The corpus-mode options (--output, --resume, --ray, ...) set away from their defaults: without --input
+        they would do nothing, so the command refuses them."""
+        return [opt.flags[0] for opt in command_options(EmbedCommand)
+                if opt.group in ("corpus", "ray") and opt.field != "input" and getattr(self, opt.field) != opt.default]
+
     @field_validator("batch_size", "rows_per_group", "ray_actors")
     @classmethod
     def _count(cls, value: int, info: Any) -> int:

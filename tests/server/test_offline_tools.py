@@ -148,6 +148,8 @@ def test_encoder_as_a_ray_data_callable(encoder):
     out = encoder(batch)
     assert list(out["id"]) == [7, 8, 9]
     np.testing.assert_array_equal(out["embedding"], encoder.encode(TEXTS))
+    with pytest.raises(InvalidInput, match="texts must be strings"):
+        encoder({"text": np.array([TEXTS[0], None], dtype=object)})
 
 
 def test_reranker_equals_server(reranker, rerank_server):
@@ -229,6 +231,10 @@ def test_mlx_embed_refuses_what_it_cannot_do(capsys):
     assert "--input" in capsys.readouterr().err
     assert embed_main(["-m", str(minilm_dir()), "-p", "word " * 600]) == 1
     assert "602 tokens" in capsys.readouterr().err
+    assert embed_main(["-m", str(minilm_dir()), "-p", "x", "--rows-per-group", "8", "--quiet"]) == 1
+    assert "--rows-per-group, --quiet: corpus mode options" in capsys.readouterr().err
+    assert embed_main(["-m", str(minilm_dir()), "--input", "c.txt", "--output", "o.parquet", "--json"]) == 1
+    assert "--json prints the vectors of -p texts" in capsys.readouterr().err
     assert embed_main(["--no-such-flag"]) == 1
     assert "invalid argument: --no-such-flag" in capsys.readouterr().err
 
