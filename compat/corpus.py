@@ -32,6 +32,10 @@ from compat.tools import encoder_options, model_ref
 MANIFEST = "manifest.json"
 
 
+class JobFailed(Exception):
+    """The corpus job stopped (its finished row groups stay for --resume); the command prints it and exits 1."""
+
+
 @dataclass
 class Group:
     """One row group's outcome: `rows_in` input rows, the ids and vectors of those embedded, and the failures
@@ -77,11 +81,11 @@ class PartStore:
         self.job = job
         self.parts: list[dict[str, Any]] = []
         manifest = self.folder / MANIFEST
-        if manifest.is_file():
+        recorded = json.loads(manifest.read_text(encoding="utf-8")) if manifest.is_file() else {"parts": []}
+        if recorded["parts"]:  # a run that finished nothing left nothing to lose: it starts over
             if not resume:
                 raise SettingsError(f"{self.folder} holds an interrupted run: add --resume to continue it, or "
                                     f"delete the folder to start over")
-            recorded = json.loads(manifest.read_text(encoding="utf-8"))
             if recorded["job"] != job:
                 changed = sorted(k for k in {*job, *recorded["job"]} if job.get(k) != recorded["job"].get(k))
                 raise SettingsError(f"--resume: {self.folder} was written by a different job (it differs in: "
@@ -245,8 +249,10 @@ def run_command(command: EmbedCommand, progress_to: TextIO = sys.stderr) -> int:
     progress = Progress(progress_to, reader, enabled=progress_to.isatty() and not command.quiet,
                         rows_before=store.rows_done)
     if command.ray:
-        from compat.corpus_ray import ray_groups
-
+        try:
+            from compat.corpus_ray import ray_groups
+        except ImportError as exc:
+            raise SettingsError(f"--ray needs Ray Data ({exc}): pip install 'mlx-embed-server[ray]'") from None
         groups = ray_groups(command, ref, reader)
     else:
         groups = local_groups(command, ref, reader)
