@@ -18,8 +18,9 @@ import pyarrow as pa
 import ray
 from ray.data.block import BlockMetadata
 from ray.data.datasource import Datasource, ReadTask
+from ray.exceptions import RayError
 
-from compat.corpus import Group, chunks
+from compat.corpus import Group, JobFailed, chunks
 from compat.corpus_files import CorpusReader, Row
 from compat.settings import EmbedCommand
 from compat.tools import encoder_options
@@ -126,6 +127,8 @@ def ray_groups(command: EmbedCommand, ref: str, reader: CorpusReader) -> Iterato
                     group = Group(0)
         if group.rows_in:
             yield group
+    except RayError as exc:  # an actor could not load the model, a worker died, ...
+        raise JobFailed(f"the Ray job failed (finished row groups are kept for --resume): {exc}") from None
     finally:
         if started_here:
             ray.shutdown()

@@ -143,6 +143,25 @@ def test_encoder_loads_a_gguf_file(encoder):
     assert np.min(np.sum(vectors * encoder.encode(TEXTS), axis=1)) > 0.9999
 
 
+def test_org_name_resolves_through_the_hugging_face_cache(tmp_path, monkeypatch, embed_server, capsys):
+    from huggingface_hub import constants as hub_constants
+
+    # the hub cache layout, built by hand: models--org--name/{refs/main, snapshots/<commit>/...}
+    repo = tmp_path / "hub" / "models--example-org--minilm"
+    snapshot = repo / "snapshots" / "0123456789abcdef"
+    snapshot.mkdir(parents=True)
+    for item in minilm_dir().iterdir():
+        (snapshot / item.name).symlink_to(item)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0123456789abcdef")
+    monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(tmp_path / "hub"))  # read at each call
+    with Encoder("example-org/minilm", offline=True) as from_cache:
+        assert from_cache.info.path == str(snapshot)
+        np.testing.assert_allclose(from_cache.encode(TEXTS), server_vectors(embed_server, TEXTS), rtol=0, atol=1e-6)
+    out = run_json(embed_main, "-hf", "example-org/minilm", "--offline", "-p", TEXTS[0], capsys=capsys)
+    assert out["model"] == "example-org/minilm" and len(out["embeddings"][0]) == 384
+
+
 def test_encoder_as_a_ray_data_callable(encoder):
     batch = {"id": np.array([7, 8, 9]), "text": np.array(TEXTS)}
     out = encoder(batch)
