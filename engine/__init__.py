@@ -16,6 +16,7 @@ from engine.types import (  # noqa: E402
                           DEFAULT_MODEL_NAME,
                           EmbedResult,
                           EngineOptions,
+                          ImageInput,
                           ModelInfo,
                           ModelState,
                           Pooling,
@@ -25,6 +26,6 @@ from engine.types import (  # noqa: E402
                           VocabType,
 )
 
-__all__ = ["DEFAULT_MODEL_NAME", "EmbedResult", "Engine", "EngineOptions", "Lease", "ModelInfo", "ModelState",
-           "Pooling", "RerankResult", "Residency", "ResidencyStatus", "Timings", "VocabType", "default_model",
+__all__ = ["DEFAULT_MODEL_NAME", "EmbedResult", "Engine", "EngineOptions", "ImageInput", "Lease", "ModelInfo",
+           "ModelState", "Pooling", "RerankResult", "Residency", "ResidencyStatus", "Timings", "VocabType", "default_model",
            "errors", "normalize_embedding", "text_formatter"]

@@ -13,6 +13,7 @@ from engine.scheduler import BatchLimits, next_batch, padded_width, width_bucket
 class W:
     n_tokens: int
     seq: int
+    group: int = 0
 
 
 def waiting(*lengths: int, oldest: int = 0) -> list[W]:
@@ -144,3 +145,18 @@ def test_half_step_buckets_cover_every_length_and_waste_at_most_a_third():
     for n in range(9, 513):
         width = padded_width(n, 512, half_steps=True)
         assert width in buckets and n <= width and (width - n) / width < 1 / 3 + 1e-9
+
+
+def test_images_and_texts_never_share_a_pass_and_images_are_not_padded():
+    items = [W(10, 1), W(196, 0, group=1), W(12, 2), W(196, 3, group=1), W(196, 4, group=1)]
+    limits = BatchLimits(max_tokens=400, max_rows=8)
+    picked = next_batch(items, limits)  # the oldest is an image: two images fit 400 tokens unpadded
+    assert sorted(picked) == [1, 3]
+    assert sorted(next_batch([items[i] for i in (0, 2, 4)], limits)) == [0, 1]
+
+
+def test_fixed_width_rows_use_one_bucket():
+    limits = BatchLimits(max_tokens=256, max_rows=8, max_seq=64, fixed_width=64)
+    assert [limits.width(n) for n in (1, 9, 64)] == [64, 64, 64]
+    assert width_buckets(64, fixed_width=64) == [64]
+    assert len(next_batch(waiting(*[5] * 10), limits)) == 4
