@@ -18,33 +18,24 @@ from compat.errors import (
     handle_http_error,
     handle_unexpected,
 )
+from compat.lifecycle import Lifecycle, LifecycleMiddleware
 from compat.middleware import (
     ApiKeyMiddleware,
     ApiPrefixMiddleware,
     CorsMiddleware,
     LoadingMiddleware,
+    PayloadLimitMiddleware,
     TimingMiddleware,
 )
 from compat.resources.embeddings import EmbeddingsResource
-from compat.resources.info import (
-    HealthResource,
-    MetricsResource,
-    ModelsResource,
-    PropsResource,
-    SlotsResource,
-)
-from compat.resources.models import (
-    ModelActionResource,
-    RouterModelsResource,
-    RouterPropsResource,
-)
+from compat.resources.info import HealthResource, MetricsResource, SlotsResource
+from compat.resources.models import ModelActionResource, ModelsResource, PropsResource
 from compat.resources.rerank import RerankResource
 from compat.resources.tokenize import DetokenizeResource, TokenizeResource
 from compat.resources.unsupported import UnsupportedRouteResource, not_served_message
-from compat.routing import ModelRouter, SingleModel
+from compat.routing import ModelRouter, Models, SingleModel
 from engine import Engine
 from engine.errors import EngineError
-from engine.types import Pooling
 
 if TYPE_CHECKING:
     from compat.settings import Settings
@@ -63,18 +54,22 @@ def _json_handler() -> falcon.media.JSONHandler:
                                     loads=orjson.loads)
 
 
-def create_app(settings: Settings, engine: Engine | ModelRouter) -> falcon.App:
-    """`engine`: the one model's Engine, or the ModelRouter of a several-model server."""
+def create_app(settings: Settings, engine: Engine | ModelRouter, lifecycle: Lifecycle | None = None) -> falcon.App:
+    """`engine`: the one model's Engine, or the ModelRouter of a several-model server. `lifecycle`: the
+    in-flight count and drain state the listener shares (a fresh one if not given)."""
     router = engine if isinstance(engine, ModelRouter) else None
-    models = router or SingleModel(engine, settings)
+    models: Models = router or SingleModel(engine, settings)
+    lifecycle = lifecycle or Lifecycle()
     app = falcon.App(
         media_type=JSON_CONTENT_TYPE,
         middleware=[
-            TimingMiddleware(),  # first in, last out: x-total-time covers the whole chain
+            LifecycleMiddleware(lifecycle, settings),  # counts every request; 503 to newcomers while draining
+            TimingMiddleware(),  # x-total-time covers the rest of the chain
             CorsMiddleware(settings),  # CORS headers, then OPTIONS preflight
             # one model: 503 until it is loaded; several: each request waits for its own model's load
             *([] if router else [LoadingMiddleware(engine)]),
             ApiKeyMiddleware(settings),
+            PayloadLimitMiddleware(settings),  # the listener enforces it too, chunked bodies included
             ApiPrefixMiddleware(settings),
         ],
     )
@@ -89,9 +84,13 @@ def create_app(settings: Settings, engine: Engine | ModelRouter) -> falcon.App:
     health = HealthResource()
     embeddings = EmbeddingsResource(models, oai=False)
     rerank = RerankResource(models, cohere_v2=False)
+    listing = ModelsResource(models)
     routes = {
         "/health": health,
         "/v1/health": health,
+        "/props": PropsResource(models, settings, _version()),
+        "/models": listing,
+        "/v1/models": listing,
         "/slots": SlotsResource(models, settings),
         "/metrics": MetricsResource(models, settings, started_unix=int(time.time())),
         "/embedding": embeddings,  # legacy name
@@ -106,16 +105,8 @@ def create_app(settings: Settings, engine: Engine | ModelRouter) -> falcon.App:
            for path in ("/completion", "/completions", "/v1/completions", "/chat/completions",
                         "/v1/chat/completions", "/infill", "/v1/responses", "/v1/messages", "/apply-template")},
     }
-    if router is None:
-        # the engine refuses to load an embedder in rank mode and a reranker outside it, so this names the model
-        listing = ModelsResource(engine, settings,
-                                 capabilities=["rerank"] if settings.pooling is Pooling.RANK else ["embedding"])
-        routes.update({"/props": PropsResource(engine, settings, _version()), "/models": listing,
-                       "/v1/models": listing})
-    else:
-        listing = RouterModelsResource(router)
-        routes.update({"/props": RouterPropsResource(router, settings, _version()), "/models": listing,
-                       "/v1/models": listing, "/models/load": ModelActionResource(router.load),
+    if router is not None:  # llama's router-mode model management
+        routes.update({"/models/load": ModelActionResource(router.load),
                        "/models/unload": ModelActionResource(router.unload)})
     for path, resource in routes.items():
         app.add_route(path, resource)

@@ -20,8 +20,10 @@ from engine.errors import (
     InvalidTokens,
     LoadFailed,
     NotLoaded,
+    OutOfMemory,
     QueueFull,
     ReplyTimeout,
+    TooManyInputs,
     UnsupportedCheckpoint,
 )
 
@@ -38,9 +40,11 @@ UNAVAILABLE = "unavailable_error"
 EXCEED_CONTEXT = "exceed_context_size_error"
 TIMEOUT = "timeout_error"
 
+RETRY_AFTER_S = 1  # sent with every 503: overload and loading pass; a client backs off this long and retries
+
 # llama's enum -> status, used to type falcon's own HTTPErrors (contract §1.4)
 _TYPE_BY_STATUS = {400: INVALID_REQUEST, 401: AUTHENTICATION, 403: "permission_error", 404: NOT_FOUND,
-                   500: SERVER, 501: NOT_SUPPORTED, 503: UNAVAILABLE, 504: TIMEOUT}
+                   413: INVALID_REQUEST, 431: INVALID_REQUEST, 500: SERVER, 501: NOT_SUPPORTED, 503: UNAVAILABLE, 504: TIMEOUT}
 
 
 class ApiError(Exception):
@@ -52,6 +56,11 @@ class ApiError(Exception):
         self.type = type
         self.message = message
         self.extra = extra or {}
+
+    @property
+    def headers(self) -> dict[str, str]:
+        # a 503 is transient by definition here (overload, loading, draining): say when to come back
+        return {"Retry-After": str(RETRY_AFTER_S)} if self.status == 503 else {}
 
     def body(self) -> dict[str, Any]:
         return {"error": {"code": self.status, "message": self.message, "type": self.type, **self.extra}}
@@ -71,6 +80,11 @@ def bad_request(message: str) -> ApiError:
 def not_supported(message: str) -> ApiError:
     """A route or feature this server (as configured) does not serve: llama's 501."""
     return ApiError(501, NOT_SUPPORTED, message)
+
+
+def too_large(message: str) -> ApiError:
+    """A request bigger than the server accepts, however long the client waits: 413."""
+    return ApiError(413, INVALID_REQUEST, message)
 
 
 def not_found() -> TransportError:
@@ -101,11 +115,13 @@ ENGINE_ERRORS: dict[type[EngineError], Callable[[Any], ApiError]] = {
     InputTooLong: _input_too_long,
     InvalidInput: lambda e: bad_request(str(e)),
     QueueFull: lambda e: ApiError(503, UNAVAILABLE, str(e) or "Too many inputs queued; retry later"),
+    TooManyInputs: lambda e: too_large(str(e)),
     ReplyTimeout: lambda e: ApiError(504, TIMEOUT, str(e) or "The request was not served in time"),
     NotLoaded: lambda e: ApiError(503, UNAVAILABLE, "Loading model"),
     LoadFailed: lambda e: ApiError(500, SERVER, str(e)),  # the next request retries the load
     UnsupportedCheckpoint: lambda e: not_supported(str(e)),
     ForwardFailed: lambda e: ApiError(500, SERVER, str(e) or "The forward pass failed"),
+    OutOfMemory: lambda e: ApiError(500, SERVER, str(e)),
     EngineError: lambda e: ApiError(500, SERVER, str(e) or type(e).__name__),
 }
 
@@ -119,6 +135,7 @@ def api_error_from_engine(exc: EngineError) -> ApiError:
 def _send(resp: falcon.Response, error: ApiError) -> None:
     resp.status = error.status
     resp.content_type = JSON_CONTENT_TYPE  # a responder may have set another before failing
+    resp.set_headers(error.headers)
     resp.media = error.body()
 
 
@@ -139,11 +156,15 @@ def handle_http_error(req: falcon.Request, resp: falcon.Response, ex: falcon.HTT
         _send(resp, not_found())
         return
     status = ex.status_code
-    kind = _TYPE_BY_STATUS.get(status, INVALID_REQUEST if status < 500 else SERVER)
-    _send(resp, ApiError(status, kind, ex.description or ex.title or str(status)))
+    _send(resp, ApiError(status, type_for_status(status), ex.description or ex.title or str(status)))
 
 
 def handle_unexpected(req: falcon.Request, resp: falcon.Response, ex: Exception, params: dict) -> None:
     # The traceback goes to the log only; the client gets a stable message and the server keeps serving.
     log.error("unhandled error on %s %s", req.method, req.path, exc_info=ex)
     _send(resp, ApiError(500, SERVER, "Internal server error; see the server log"))
+
+
+def type_for_status(status: int) -> str:
+    """llama's error type for a status that has no more specific one."""
+    return _TYPE_BY_STATUS.get(status, INVALID_REQUEST if status < 500 else SERVER)

@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 
 import falcon
 
-from compat.errors import AUTHENTICATION, UNAVAILABLE, TransportError, not_found
+from compat.errors import AUTHENTICATION, INVALID_REQUEST, UNAVAILABLE, TransportError, not_found
 
 if TYPE_CHECKING:
     from compat.settings import Settings
@@ -101,6 +101,21 @@ class ApiKeyMiddleware:
         # compare against every key so the time taken does not reveal which one nearly matched
         if not any([hmac.compare_digest(raw, key) for key in self._keys]):
             raise TransportError(401, AUTHENTICATION, "Invalid API Key")
+
+
+class PayloadLimitMiddleware:
+    """--payload-limit from the Content-Length, before anything reads the body."""
+
+    def __init__(self, settings: Settings):
+        self._limit = settings.payload_limit
+
+    def process_request(self, req: falcon.Request, resp: falcon.Response) -> None:
+        if (req.content_length or 0) > self._limit:
+            raise TransportError(413, INVALID_REQUEST, payload_too_large_message(self._limit))
+
+
+def payload_too_large_message(limit: int) -> str:
+    return f"the request body is larger than the server accepts ({limit} bytes, --payload-limit)"
 
 
 class ApiPrefixMiddleware:

@@ -13,15 +13,19 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
+
+from typing import Any, Protocol
 
 from compat.errors import bad_request, not_supported
 from compat.models import EMBEDDING, RERANK, Catalog, Kind, ModelSpec, read_catalog
 from compat.settings import Settings, SettingsError
+from compat.wire.info import render_models_response, render_props_response
+from compat.wire.models import render_router_models_response, render_router_props_response
 from engine import Engine, Residency
 from engine.errors import NotLoaded, ReplyTimeout
-from engine.types import EmbedResult, ModelState, Pooling, RerankResult, ResidencyStatus
+from engine.types import EmbedResult, ModelState, Pooling, RerankResult, ResidencyStatus, Timings
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +37,9 @@ _NONE_OF_KIND = {EMBEDDING: "no embedding model is configured; add one (--embedd
 _KIND_WORDS = {EMBEDDING: "an embedding model", RERANK: "a reranker"}
 _ROUTE_NEEDS = {EMBEDDING: "the embedding routes need an embedding model",
                 RERANK: "the rerank routes need a reranker"}
+
+NOTHING_TO_RELOAD = ("this server serves the one model given with -m: there is no model configuration to reload "
+                     "(start it with --models-preset or --models-dir for that)")
 
 RequestedModel = Callable[[], str | None]  # the request's `model`, read only when routing needs it
 
@@ -87,6 +94,7 @@ class Served:
     name: str
     deadline: float  # time.monotonic() by which the request must be answered (-to/--timeout after it arrived)
     usage: UsageCounter | None = None  # counted (several-model server, inference routes)
+    timings: Timings | None = None  # of the engine call recorded, for the timing headers
 
     @property
     def remaining_s(self) -> float:
@@ -94,6 +102,8 @@ class Served:
         return max(0.0, self.deadline - time.monotonic())
 
     def record(self, result: EmbedResult | RerankResult) -> None:
+        """The engine served this request: count it for the model and keep its timings."""
+        self.timings = result.timings
         if self.usage is not None:
             self.usage.served(result)
 
@@ -130,6 +140,18 @@ class SingleModel:
 
     def describe(self) -> list[ModelView]:
         return []  # the single-model /metrics and /models stay llama-server's
+
+    def listing(self, created: int) -> dict[str, Any]:
+        # the engine refuses to load an embedder in rank mode and a reranker outside it, so this names the model
+        capabilities = ["rerank"] if self._settings.pooling is Pooling.RANK else ["embedding"]
+        return render_models_response(self._settings, self._engine.info, capabilities, created=created)
+
+    def props(self, name: str | None, version: str) -> dict[str, Any]:
+        """llama's single-model /props; ?model= is ignored there as here."""
+        return render_props_response(self._settings, self._engine.info, version)
+
+    def reload(self) -> None:
+        raise not_supported(NOTHING_TO_RELOAD)
 
 
 class ModelRouter:
@@ -233,5 +255,29 @@ class ModelRouter:
         return [ModelView(spec, self._residency.status(spec.options), self._counter(spec.id).snapshot())
                 for spec in self._catalog.models]
 
+    def listing(self, created: int) -> dict[str, Any]:
+        return render_router_models_response(self.describe(), created=created)
 
-Models = SingleModel | ModelRouter  # what the routes are built on
+    def props(self, name: str | None, version: str) -> dict[str, Any]:
+        """llama's router answer; with a name, that model's own /props (loading it if need be)."""
+        if not name:
+            return render_router_props_response(self._settings, version)
+        with self.lease(None, lambda: name, count=False) as served:
+            return render_props_response(served.settings, served.engine.info, version, model_name=served.name)
+
+
+class Models(Protocol):
+    """What every route is built on, whether the server runs one model (SingleModel) or several (ModelRouter)."""
+
+    def lease(self, kind: Kind | None, requested: RequestedModel, *,
+              count: bool = True) -> AbstractContextManager[Served]: ...
+
+    def stats(self) -> dict[str, float]: ...
+
+    def describe(self) -> list[ModelView]: ...
+
+    def listing(self, created: int) -> dict[str, Any]: ...
+
+    def props(self, name: str | None, version: str) -> dict[str, Any]: ...
+
+    def reload(self) -> None: ...

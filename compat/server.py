@@ -9,9 +9,9 @@ import os
 import signal
 import threading
 
-import waitress
-
 from compat.app import create_app
+from compat.lifecycle import Lifecycle
+from compat.listener import GracefulServer, create_listener
 from compat.models import Catalog
 from compat.routing import ModelRouter
 from compat.settings import Settings, SettingsError
@@ -40,21 +40,19 @@ def model_path(settings: Settings) -> str | None:
     return bundled
 
 
-def _stop(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt  # waitress's loop ends on it; SIGTERM then shuts down like Ctrl-C
-
-
 def run(settings: Settings, catalog: Catalog | None = None) -> int:
-    """Serve until SIGTERM or Ctrl-C. catalog: the models of a several-model server; None: -m alone."""
+    """Serve until SIGTERM or SIGINT, then drain (compat/listener.py). catalog: the models of a several-model
+    server; None: -m alone."""
+    lifecycle = Lifecycle()
     if catalog is None:
         engine = Engine(settings.engine_options(model_path(settings)))
-        app = create_app(settings, engine)
+        app = create_app(settings, engine, lifecycle)
         shutdown = engine.close
     else:
         idle_unload_s = settings.sleep_idle_seconds if settings.sleep_idle_seconds > 0 else None
         residency = Residency(settings.models_max, idle_unload_s)
         router = ModelRouter(settings, residency, catalog)
-        app = create_app(settings, router)
+        app = create_app(settings, router, lifecycle)
         shutdown = residency.close
         for spec in catalog.models:
             log.info("serving %s (%s%s) from %s", spec.id, spec.kind,
@@ -62,23 +60,18 @@ def run(settings: Settings, catalog: Catalog | None = None) -> int:
         # the reload reads files: not inside the signal handler
         signal.signal(signal.SIGHUP, lambda signum, frame: threading.Thread(
             target=_reload, args=(router,), name="reload", daemon=True).start())
-    listen = ({"unix_socket": settings.host, "unix_socket_perms": "660"} if settings.host.endswith(".sock")
-              else {"host": settings.host, "port": settings.port})
-    server = waitress.create_server(app, threads=http_threads(settings), channel_timeout=settings.timeout,
-                                    ident="mlx-embed-server", clear_untrusted_proxy_headers=True, **listen)
-    where = settings.host if "unix_socket" in listen else f"http://{settings.host}:{server.effective_port}"
+    server = create_listener(app, settings, http_threads(settings), lifecycle)
+    where = settings.host if settings.host.endswith(".sock") else f"http://{settings.host}:{server.effective_port}"
     if catalog is None:
         log.info("server is listening on %s while the model loads", where)
         threading.Thread(target=_exit_if_the_load_fails, args=(engine,), name="load-watch", daemon=True).start()
     else:
         log.info("server is listening on %s; models load on first use", where)
-    signal.signal(signal.SIGTERM, _stop)
+    graceful = GracefulServer(server, lifecycle, settings.shutdown_timeout)
+    graceful.install_signal_handlers()
     try:
-        server.run()
-    except KeyboardInterrupt:
-        log.info("shutting down")
+        graceful.serve()
     finally:
-        server.close()
         shutdown()
     return 0
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import logging
 import re
+import stat
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -65,6 +66,7 @@ def option(
     metavar: str | None = None,
     implies: dict[str, Any] | None = None,
     per_model: bool = False,
+    secret: bool = False,
 ) -> Any:
     """A Settings field that is also an option.
 
@@ -72,13 +74,13 @@ def option(
     `--no-` spellings are derived) or accumulating (comma-separated, repeats append). `implies`: other
     fields a flag also sets when it is given (`--reranking` turns on embedding with rank pooling). `per_model`:
     each model of a several-model server has its own value (a model section may set it); the others are
-    server-wide.
+    server-wide. `secret`: the value never appears in a repr (API keys).
     """
     extra = {"flags": flags, "env": env, "help": help, "group": group, "kind": kind, "metavar": metavar,
              "implies": implies or {}, "per_model": per_model}
     if default == []:
-        return Field(default_factory=list, json_schema_extra=extra)
-    return Field(default, json_schema_extra=extra)
+        return Field(default_factory=list, json_schema_extra=extra, repr=not secret)
+    return Field(default, json_schema_extra=extra, repr=not secret)
 
 
 class Settings(BaseSettings):
@@ -97,7 +99,7 @@ class Settings(BaseSettings):
     api_prefix: str = option("", flags=["--api-prefix"], env="LLAMA_ARG_API_PREFIX", metavar="PREFIX",
                              group="server", help="prefix path the server serves from, without the trailing slash")
     api_key: list[str] = option(
-        [], flags=["--api-key"], kind="accumulating", env="LLAMA_API_KEY", metavar="KEY", group="server",
+        [], flags=["--api-key"], kind="accumulating", env="LLAMA_API_KEY", metavar="KEY", group="server", secret=True,
         help="API key for authentication; several comma-separated, or repeat the option")
     api_key_file: str | None = option(
         None, flags=["--api-key-file"], env="LLAMA_ARG_API_KEY_FILE", metavar="FNAME", group="server",
@@ -111,10 +113,15 @@ class Settings(BaseSettings):
 
     model: str | None = option(
         None, flags=["-m", "--model"], env="LLAMA_ARG_MODEL", metavar="PATH", group="model", per_model=True,
-        help="model folder in Hugging Face layout (config.json, tokenizer.json, *.safetensors)")
+        help="model folder in Hugging Face layout (config.json, tokenizer.json, *.safetensors), or a .gguf file")
     hf_repo: str | None = option(
         None, flags=["-hf", "-hfr", "--hf-repo"], env="LLAMA_ARG_HF_REPO", metavar="<user>/<model>",
-        group="model", per_model=True, help="Hugging Face repository, downloaded into the Hugging Face cache")
+        group="model", per_model=True,
+        help="Hugging Face repository, downloaded into the Hugging Face cache; org/name:QUANT (e.g. :Q8_0) serves "
+             "the repository's .gguf whose name contains QUANT (default Q4_K_M)")
+    hf_file: str | None = option(
+        None, flags=["-hff", "--hf-file"], env="LLAMA_ARG_HF_FILE", metavar="FILE", group="model", per_model=True,
+        help="the .gguf file of the -hf repository to serve (overrides the :QUANT tag)")
     offline: bool = option(False, flags=["--offline"], kind="flag", env="LLAMA_ARG_OFFLINE", group="model",
                            per_model=True, help="use only the local Hugging Face cache, never the network")
     alias: list[str] = option(
@@ -207,7 +214,7 @@ class Settings(BaseSettings):
                              "a row is padding instead of half, for twice the shapes prepared at startup")
     max_queue_items: int = option(
         4096, flags=["--max-queue-items"], env="LLAMA_ARG_MAX_QUEUE_ITEMS", metavar="N", group="batching",
-        per_model=True, help="most inputs waiting for the model; a request beyond that gets 503")
+        per_model=True, help="most inputs waiting for the model; a request that finds it full gets 503 (retry later), one with more inputs than it can ever hold 413")
 
     models_preset: str | None = option(
         None, flags=["--models-preset"], env="LLAMA_ARG_MODELS_PRESET", metavar="FILE", group="models",
@@ -231,6 +238,21 @@ class Settings(BaseSettings):
     timeout: int = option(3600, flags=["-to", "--timeout"], env="LLAMA_ARG_TIMEOUT", metavar="N", group="http",
                           help="HTTP read/write timeout in seconds, also each request's deadline (a lazy model load included; "
                                "504 when it passes)")
+    payload_limit: int = option(
+        2_000_000, flags=["--payload-limit"], env="LLAMA_ARG_PAYLOAD_LIMIT", metavar="BYTES", group="http",
+        help="largest request body in bytes (TEI's flag); a larger one is answered 413 before it is read to the "
+             "end, chunked bodies included")
+    max_client_batch_size: int = option(
+        2048, flags=["--max-client-batch-size"], env="LLAMA_ARG_MAX_CLIENT_BATCH_SIZE", metavar="N",
+        group="http", help="most inputs (texts, or documents to rerank) in one request (TEI's flag); more is 413")
+    connection_limit: int = option(
+        1000, flags=["--connection-limit"], env="LLAMA_ARG_CONNECTION_LIMIT", metavar="N", group="http",
+        help="most open client connections, idle keep-alive ones included; beyond it new connections wait in "
+             "the listen backlog")
+    shutdown_timeout: int = option(
+        30, flags=["--shutdown-timeout"], env="LLAMA_ARG_SHUTDOWN_TIMEOUT", metavar="N", group="http",
+        help="on SIGTERM or SIGINT, seconds to let requests in flight finish (/health answers 503 meanwhile) "
+             "before exiting; a second signal exits at once")
     cors_origins: str = option("*", flags=["--cors-origins"], env="LLAMA_ARG_CORS_ORIGINS", metavar="ORIGINS",
                                group="http", help="allowed CORS origins: * (any), localhost (localhost, 127.0.0.1 and ::1 "
                                                    "only) or a comma-separated list of origins")
@@ -276,11 +298,19 @@ class Settings(BaseSettings):
             raise ValueError("n_parallel must not be 0 (-1 = auto)")
         return value
 
-    @field_validator("media_max_bytes", "media_timeout", "image_max_count", "image_max_pixels")
+    @field_validator("payload_limit", "max_client_batch_size", "connection_limit", "media_max_bytes", "media_timeout",
+                     "image_max_count", "image_max_pixels")
     @classmethod
     def _positive(cls, value: int) -> int:
         if value < 1:
             raise ValueError("must be 1 or more")
+        return value
+
+    @field_validator("shutdown_timeout")
+    @classmethod
+    def _not_negative(cls, value: int) -> int:
+        if value < 0:
+            raise ValueError("must be 0 (exit at once) or more")
         return value
 
     @field_validator("models_max")
@@ -323,6 +353,7 @@ class Settings(BaseSettings):
         return EngineOptions(
             model_path=model_path,
             hf_repo=self.hf_repo,
+            hf_file=self.hf_file,
             offline=self.offline,
             pooling=self.pooling,
             ubatch_tokens=self.n_ubatch,
@@ -346,7 +377,7 @@ class Settings(BaseSettings):
 # each string is one option's spellings. Their environment variables are not read.
 _IGNORED_WITH_VALUE = (
     "-ngl --gpu-layers --n-gpu-layers", "-fa --flash-attn", "--temp", "-s --seed", "-ctk --cache-type-k",
-    "-ctv --cache-type-v", "-n --n-predict --predict", "-hff --hf-file", "-hft --hf-token", "--mmproj",
+    "-ctv --cache-type-v", "-n --n-predict --predict", "-hft --hf-token", "--mmproj",
     "-cram --cache-ram", "--chat-template", "--chat-template-file",
     "--reasoning-format", "--slot-save-path", "-gan --grp-attn-n", "-gaw --grp-attn-w", "-dev --device",
     "--models-dir", "-mu --model-url", "--lora", "--spec-type", "--tools",
@@ -484,7 +515,7 @@ _OPTION_VARIABLES = frozenset(name for opt in _OPTIONS if opt.env
                               for name in (opt.env, *([_no_env(opt.env)] if opt.kind == "paired" else [])))
 
 PER_MODEL_FIELDS = frozenset(opt.field for opt in _OPTIONS if opt.per_model)
-MODEL_IDENTITY = frozenset({"model", "hf_repo", "alias", "tags"})  # name one model, so never inherited
+MODEL_IDENTITY = frozenset({"model", "hf_repo", "hf_file", "alias", "tags"})  # name one model, so never inherited
 MODEL_KIND = frozenset({"embedding", "reranking", "pooling"})  # on the command line: the -m model's kind
 
 
@@ -495,8 +526,12 @@ def _csv(text: str) -> list[str]:
 def _read_key_file(path: str) -> list[str]:
     try:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
+        mode = Path(path).stat().st_mode
     except OSError as exc:
         raise ValueError(f"failed to open file '{path}': {exc.strerror}") from None
+    if mode & stat.S_IROTH:
+        logger.warning("warning: the API key file %s is readable by every user of this machine (mode %s); "
+                       "restrict it, e.g. chmod 600 %s", path, stat.filemode(mode), path)
     return [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
 
 

@@ -44,6 +44,12 @@ class Checkpoint:
     # config_sentence_transformers.json: named prompts prepended to texts, and the one used by default
     prompts: dict[str, str] = field(default_factory=dict)
     default_prompt_name: str | None = None
+    gguf: Any = None  # a GGUF file (engine.gguf.reader.GGUFFile); config above is derived from its metadata
+    label: str = ""  # the path as the user gave it (llama-server reports -m as typed)
+
+    @property
+    def display_path(self) -> str:
+        return self.label or str(self.path)
 
     @property
     def model_type(self) -> str:
@@ -78,27 +84,35 @@ def default_model() -> str | None:
     return str(folder) if (folder / "config.json").exists() else None
 
 
-def resolve(model_path: str | None, hf_repo: str | None, offline: bool) -> Path:
-    """A local folder for -m, or the huggingface-hub cache snapshot for -hf (downloaded when online)."""
+def resolve(model_path: str | None, hf_repo: str | None, offline: bool, hf_file: str | None = None) -> Path:
+    """A local folder or .gguf file for -m, or the huggingface-hub cache snapshot for -hf (downloaded when
+    online); -hf repo:QUANT and --hf-file pick a .gguf file of the repository."""
     if model_path:
         path = Path(model_path).expanduser()
+        if path.is_file():
+            from engine.gguf import is_gguf
+
+            if not is_gguf(path):
+                raise CheckpointNotFound(f"{model_path}: a file that is not GGUF; -m takes a .gguf file or a "
+                                         f"Hugging Face model folder")
+            return path
         if not (path / "config.json").is_file():
-            raise CheckpointNotFound(f"{model_path}: not a Hugging Face model folder (no config.json)")
+            raise CheckpointNotFound(f"{model_path}: not a Hugging Face model folder (no config.json) "
+                                     f"nor a .gguf file")
         return path
     if hf_repo:
-        import huggingface_hub  # only -hf needs it; keeps -m startups lean
+        from engine.gguf.hub import resolve_repo  # only -hf needs the hub library
 
-        repo = hf_repo.split(":", 1)[0]
-        try:
-            return Path(huggingface_hub.snapshot_download(repo, local_files_only=offline))
-        except Exception as exc:  # the hub library raises many unrelated types
-            raise CheckpointNotFound(f"{hf_repo}: could not be resolved through the Hugging Face cache"
-                                     f"{' (offline)' if offline else ''}: {exc}") from exc
+        return resolve_repo(hf_repo, hf_file, offline)
     raise CheckpointNotFound("no model given (-m or -hf) and the bundled default model is not installed")
 
 
-def read(path: Path) -> Checkpoint:
-    """Read every configuration file of a checkpoint folder."""
+def read(path: Path, label: str = "") -> Checkpoint:
+    """Read every configuration file of a checkpoint folder, or the metadata of a GGUF file."""
+    if path.is_file():
+        from engine.gguf.checkpoint import read as read_gguf
+
+        return read_gguf(path, label or str(path))
     config = _read_json(path / "config.json")
     tokenizer_config = _read_json_optional(path / "tokenizer_config.json")
     special_tokens = _read_json_optional(path / "special_tokens_map.json")

@@ -52,6 +52,20 @@ class QueueFull(EngineError):
     """The engine's bounded queue cannot take the request's inputs now."""
 
 
+class TooManyInputs(EngineError):
+    """A request has more inputs than the engine queue can ever hold: retrying cannot help."""
+
+    def __init__(self, n_inputs: int, limit: int):
+        self.n_inputs = n_inputs
+        self.limit = limit
+        super().__init__(f"this request has {n_inputs} inputs; the engine queue holds at most {limit} "
+                         f"(--max-queue-items)")
+
+
+class OutOfMemory(EngineError):
+    """A forward pass ran out of memory; the engine lowered its batch caps and keeps serving."""
+
+
 class ReplyTimeout(EngineError):
     """The request was not served within its deadline."""
 

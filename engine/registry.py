@@ -14,28 +14,45 @@ from engine.errors import UnsupportedCheckpoint
 from engine.types import Pooling
 
 # config.json spellings that differ from our file names.
-MODEL_TYPE_ALIASES = {"xlm-roberta": "xlm_roberta", "siglip_text_model": "siglip"}
+MODEL_TYPE_ALIASES = {"xlm-roberta": "xlm_roberta", "siglip_text_model": "siglip", "mistral": "llama",
+                      "llama_bidirec": "llama", "new": "gte"}
 
 # What each family file serves, by architectures[0] ("" = a config without architectures).
 EMBEDDERS = {
     "bert": {"", "BertModel", "BertForMaskedLM", "BertForPreTraining"},
     "xlm_roberta": {"", "XLMRobertaModel", "XLMRobertaForMaskedLM"},
     "modernbert": {"", "ModernBertModel", "ModernBertForMaskedLM"},
+    # decoder backbones: hidden states after the final norm, the LM head never applied
+    "llama": {"", "LlamaModel", "LlamaForCausalLM", "LlamaBidirectionalModel", "MistralModel", "MistralForCausalLM"},
+    "qwen2": {"", "Qwen2Model", "Qwen2ForCausalLM"},
+    "qwen3": {"", "Qwen3Model", "Qwen3ForCausalLM"},
+    "nomic_bert": {"", "NomicBertModel", "NomicBertForPreTraining"},
+    # gte-multilingual-base ships as NewForTokenClassification (its sparse-weight head); the trunk embeds
+    "gte": {"", "NewModel", "GteModel", "NewForMaskedLM", "GteForMaskedLM", "NewForTokenClassification",
+            "GteForTokenClassification"},
     "siglip": {"", "SiglipModel", "SiglipTextModel"},
 }
 CROSS_ENCODERS = {
     "bert": "BertForSequenceClassification",
     "xlm_roberta": "XLMRobertaForSequenceClassification",
     "modernbert": "ModernBertForSequenceClassification",
+    "gte": "NewForSequenceClassification",  # gte-multilingual-reranker-base
 }
-# Causal LMs scored by the yes/no recipe (engine/prompts.py builds their prompt).
+# Causal LMs scored by the yes/no recipe with --reranking (engine/prompts.py builds their prompt); with
+# --embedding the same checkpoint is an embedder.
 GENERATIVE_RERANKERS = {
     "qwen3": "Qwen3ForCausalLM",
 }
 
 # Without 1_Pooling/config.json: what sentence-transformers itself would do with a bare encoder.
-FAMILY_DEFAULT_POOLING = {"bert": Pooling.MEAN, "xlm_roberta": Pooling.MEAN, "modernbert": Pooling.MEAN}
+FAMILY_DEFAULT_POOLING = {"bert": Pooling.MEAN, "xlm_roberta": Pooling.MEAN, "modernbert": Pooling.MEAN,
+                          "nomic_bert": Pooling.MEAN, "gte": Pooling.MEAN}
 FAMILY_DEFAULT_POOLING["siglip"] = Pooling.LAST  # reported only: the towers pool at their own last position
+# Decoder backbones without 1_Pooling: a bidirectional embedding export (LLM2Vec, EmbeddingGemma) mean-pools,
+# a bare Qwen3Model export is Qwen3-Embedding (last token); any other decoder gets what llama-server gives a
+# decoder GGUF without a pooling type: none (one vector per token; --pooling picks another).
+DECODER_FAMILIES = {"llama", "qwen2", "qwen3"}
+ARCHITECTURE_DEFAULT_POOLING = {"Qwen3Model": Pooling.LAST}
 
 EMBEDDER, CROSS_ENCODER, GENERATIVE_RERANKER = "embedder", "cross-encoder", "generative-reranker"
 
@@ -62,12 +79,20 @@ def family_name(checkpoint: Checkpoint) -> str:
     return MODEL_TYPE_ALIASES.get(checkpoint.model_type, checkpoint.model_type)
 
 
-def kind_of(checkpoint: Checkpoint) -> str:
-    """Whether a checkpoint is an embedder or a reranker; anything else is refused by name."""
+def kind_of(checkpoint: Checkpoint, rank: bool = False) -> str:
+    """Whether a checkpoint is an embedder or a reranker; anything else is refused by name.
+
+    rank: the server was started in rank mode (--reranking), which makes a causal LM that has a yes/no recipe
+    a generative reranker; otherwise it is an embedder like any decoder backbone.
+    """
+    if checkpoint.gguf is not None:
+        from engine.gguf.load import is_reranker
+
+        return CROSS_ENCODER if is_reranker(checkpoint.gguf) else EMBEDDER
     name, arch = family_name(checkpoint), checkpoint.architecture
     if CROSS_ENCODERS.get(name) == arch:
         return CROSS_ENCODER
-    if GENERATIVE_RERANKERS.get(name) == arch:
+    if GENERATIVE_RERANKERS.get(name) == arch and (rank or arch not in EMBEDDERS.get(name, ())):
         return GENERATIVE_RERANKER
     if arch in EMBEDDERS.get(name, ()):
         return EMBEDDER
@@ -82,16 +107,23 @@ def kind_of(checkpoint: Checkpoint) -> str:
                                 f"is not supported (supported: {', '.join(archs)})")
 
 
-def load(checkpoint: Checkpoint) -> LoadedModel:
-    """Build the family's module for this checkpoint and load its weights (strict: every key must match)."""
-    kind = kind_of(checkpoint)
+def load(checkpoint: Checkpoint, kind: str | None = None) -> LoadedModel:
+    """Build the family's module for this checkpoint and load its weights (strict: every key must match).
+
+    kind: what kind_of() decided for the server's mode (default: its embedding-mode answer).
+    """
+    kind = kind or kind_of(checkpoint)
+    if checkpoint.gguf is not None:
+        return _load_gguf(checkpoint, kind)
     name = family_name(checkpoint)
     family: ModuleType = importlib.import_module(f"engine.families.{name}")
     args = family.ModelArgs.from_dict(checkpoint.config)
     raw: dict[str, mx.array] = {}
     for file in checkpoint.weight_files():
         raw.update(mx.load(str(file)))
-    if kind == CROSS_ENCODER:
+    if kind == GENERATIVE_RERANKER:
+        model = trunk = family.CausalLM(args)
+    elif kind == CROSS_ENCODER:
         cls = family.SequenceClassifier
         labels = cls.label_count(cls.sanitize(raw))
         if labels != 1:
@@ -115,8 +147,35 @@ def load(checkpoint: Checkpoint) -> LoadedModel:
     return LoadedModel(
         model=model, family=name, kind=kind,
         n_params=sum(p.size for _, p in params), size_bytes=sum(p.nbytes for _, p in params), ftype=ftype,
-        default_pooling=FAMILY_DEFAULT_POOLING.get(name, Pooling.MEAN),
+        default_pooling=default_pooling(checkpoint),
         n_positions=trunk.n_positions, hidden_size=trunk.hidden_size,
         fixed_width=getattr(trunk, "fixed_width", None), image_size=getattr(trunk, "image_size", None),
         image_tokens=getattr(trunk, "image_tokens", 0),
     )
+
+
+def _load_gguf(checkpoint: Checkpoint, kind: str) -> LoadedModel:
+    """A GGUF file: the same families, weights named by the file's map; identity counted as llama.cpp does."""
+    from engine.gguf import load as gguf_load
+
+    model, trunk, name = gguf_load.build(checkpoint)
+    n_params, size = gguf_load.file_counts(checkpoint.gguf)
+    return LoadedModel(model=model, family=name, kind=kind, n_params=n_params, size_bytes=size,
+                       ftype=gguf_load.ftype(checkpoint.gguf), default_pooling=Pooling.NONE,
+                       n_positions=trunk.n_positions, hidden_size=trunk.hidden_size)
+
+
+def is_bidirectional(config: dict) -> bool:
+    """A decoder trained without the causal mask (LLM2Vec / Nemotron-embed, EmbeddingGemma)."""
+    return (config.get("model_type") == "llama_bidirec" or config.get("is_causal") is False
+            or bool(config.get("use_bidirectional_attention")))
+
+
+def default_pooling(checkpoint: Checkpoint) -> Pooling:
+    """The pooling used when neither --pooling nor 1_Pooling/config.json says."""
+    name = family_name(checkpoint)
+    if name not in DECODER_FAMILIES:
+        return FAMILY_DEFAULT_POOLING.get(name, Pooling.MEAN)
+    if is_bidirectional(checkpoint.config):
+        return Pooling.MEAN
+    return ARCHITECTURE_DEFAULT_POOLING.get(checkpoint.architecture, Pooling.NONE)

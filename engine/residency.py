@@ -43,10 +43,10 @@ def shared_key(options: EngineOptions) -> EngineOptions:
         return replace(options, model_path=folder, hf_repo=None, offline=False)
     if options.hf_repo:
         try:
-            folder = str(checkpoint.resolve(None, options.hf_repo, offline=True).resolve())
+            folder = str(checkpoint.resolve(None, options.hf_repo, offline=True, hf_file=options.hf_file).resolve())
         except CheckpointNotFound:  # not downloaded yet: the repository name is the identity
             return options
-        return replace(options, model_path=folder, hf_repo=None, offline=False)
+        return replace(options, model_path=folder, hf_repo=None, hf_file=None, offline=False)
     return options
 
 

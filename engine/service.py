@@ -27,7 +27,7 @@ from engine.pipeline import (
 from engine.prompts import INSTRUCTION_TEMPLATES, RerankPrompt, default_prompt_name
 from engine.images import ImageProcessor, InvalidImage
 from engine.scheduler import BatchLimits, width_buckets
-from engine.tokenize import TextTokenizer
+from engine.tokenize import TextTokenizer, open_tokenizer
 from engine.types import (
     EmbedResult,
     EngineOptions,
@@ -64,9 +64,10 @@ class Engine:
         started = time.monotonic()
         opts = self.options
         blas.set_threads(opts.threads)
-        ckpt = checkpoint.read(checkpoint.resolve(opts.model_path, opts.hf_repo, opts.offline))
+        ckpt = checkpoint.read(checkpoint.resolve(opts.model_path, opts.hf_repo, opts.offline, opts.hf_file),
+                               label=opts.model_path or "")
         rank_mode = opts.pooling is Pooling.RANK
-        kind = registry.kind_of(ckpt)
+        kind = registry.kind_of(ckpt, rank=rank_mode)
         if rank_mode and kind == registry.EMBEDDER:
             raise UnsupportedCheckpoint(
                 f"{ckpt.path}: rank mode (--reranking / --pooling rank) needs a reranker checkpoint; "
@@ -77,8 +78,8 @@ class Engine:
                 f"start it with --reranking")
         embedder = kind == registry.EMBEDDER
         prompt_default = default_prompt_name(ckpt, opts.default_prompt_name) if embedder else None
-        tokenizer = TextTokenizer(ckpt)
-        loaded = registry.load(ckpt)
+        tokenizer = open_tokenizer(ckpt)
+        loaded = registry.load(ckpt, kind)
         if kind == registry.GENERATIVE_RERANKER:
             mode = Pooling.RANK
             self._prompt = RerankPrompt(ckpt, fallback=f"{loaded.family}_reranker.jinja")
@@ -110,18 +111,18 @@ class Engine:
                                 opts.half_step_widths, loaded.fixed_width or 0)
         self._tokenizer = tokenizer
         self._info = ModelInfo(
-            path=str(ckpt.path), model_type=ckpt.model_type, architecture=ckpt.architecture,
+            path=ckpt.display_path, model_type=ckpt.model_type, architecture=ckpt.architecture,
             vocab_type=tokenizer.vocab_type, n_vocab=tokenizer.n_vocab, n_embd=loaded.hidden_size,
             n_ctx_train=n_positions, n_params=loaded.n_params, size_bytes=loaded.size_bytes, ftype=loaded.ftype,
             pooling=mode, max_input_tokens=fitted.max_seq,
             truncate_tokens=limits.truncation_length(ckpt.max_seq_length, n_positions, fitted.max_seq),
             slot_ctx=slot_ctx, n_slots=n_slots, bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token,
-            kind=loaded.kind, batch_tokens=fitted.max_tokens, batch_rows=fitted.max_rows,
+            kind=loaded.kind, family=loaded.family, batch_tokens=fitted.max_tokens, batch_rows=fitted.max_rows,
             widths=tuple(width_buckets(fitted.max_seq, fitted.half_steps, fitted.fixed_width)),
             prompts=tuple(ckpt.prompts.items()) if embedder else (), default_prompt_name=prompt_default,
             instruction_template=INSTRUCTION_TEMPLATES.get(ckpt.model_type) if embedder else None,
             modalities=("text", "image") if self._images is not None else ("text",),
-            image_tokens=loaded.image_tokens)
+            image_tokens=loaded.image_tokens, file_format="gguf" if ckpt.gguf is not None else "safetensors")
         log.info("loaded %s (%s, %s, %s) in %.2f s: pooling %s, %d params, per-input limit %d tokens, "
                  "batches of up to %d rows / %d tokens, BLAS: %s",
                  ckpt.path, ckpt.model_type, ckpt.architecture or "-", loaded.kind, time.monotonic() - started,
@@ -173,6 +174,22 @@ class Engine:
         return self.tokenizer.decode(ids)
 
     # -- requests ---------------------------------------------------------------------------------
+    def embed_prompts(self, prompts: Sequence[Sequence[str | int] | ImageInput], *, truncate: bool | None = None,
+                      timeout_s: float = 3600) -> EmbedResult:
+        """Tokenize llama-server prompts (text and token-id parts, see encode_prompt) in one batched call on
+        the caller's thread, then embed them with any images among them. Vectors are not normalized (callers
+        choose embd_normalize)."""
+        self._require_embedder()
+        started = time.monotonic()
+        texts = [i for i, prompt in enumerate(prompts) if not isinstance(prompt, ImageInput)]
+        inputs: list = list(prompts)  # text prompts are replaced by their tokens below
+        for i, ids in zip(texts, self.tokenizer.encode_prompts([prompts[i] for i in texts]), strict=True):
+            inputs[i] = ids
+        tokenize_s = time.monotonic() - started
+        result = self.embed(inputs, truncate=truncate, timeout_s=timeout_s)
+        result.timings.tokenize_s += tokenize_s
+        return result
+
     def embed(self, token_lists: Sequence[list[int] | ImageInput], *, truncate: bool | None = None,
               timeout_s: float = 3600) -> EmbedResult:
         """Embed already tokenized inputs and images. Vectors are not normalized (callers choose embd_normalize).
@@ -180,9 +197,7 @@ class Engine:
         Images are decoded and preprocessed here, on the caller's thread; a bad one raises InvalidImage naming
         its input index.
         """
-        info = self.info
-        if info.is_reranker:
-            raise InvalidInput("this server runs a reranker (rank pooling): it serves /rerank, not embeddings")
+        info = self._require_embedder()
         cut = self.options.truncate if truncate is None else truncate
         started = time.monotonic()
         fitted = [self._image_work(i, item, info) if isinstance(item, ImageInput) else self._fit(item, info, cut)
@@ -207,6 +222,12 @@ class Engine:
             raise InvalidImage(f"input {index}: {exc}") from None
         return ImageWork(pixels, info.image_tokens)
 
+    def _require_embedder(self) -> ModelInfo:
+        info = self.info
+        if info.is_reranker:
+            raise InvalidInput("this server runs a reranker (rank pooling): it serves /rerank, not embeddings")
+        return info
+
     def rerank(self, query: str, documents: Sequence[str], *, truncate: bool | None = None,
                instruction: str | None = None, timeout_s: float = 3600) -> RerankResult:
         """Score every (query, document) pair; scores come back in document order.
@@ -222,9 +243,12 @@ class Engine:
         started = time.monotonic()
         if self._prompt is not None:
             task = instruction or self.options.rerank_instruction
-            pairs = [(self._fit_prompt(query, doc, task, info, cut), None) for doc in documents]
+            rendered = self.tokenizer.encode_batch([self._prompt.render(query, doc, task) for doc in documents],
+                                                   add_special=False)
+            pairs = [(self._fit_prompt(ids, query, doc, task, info, cut), None)
+                     for ids, doc in zip(rendered, documents)]
         else:
-            pairs = [self._fit_pair(query, doc, info, cut) for doc in documents]
+            pairs = self._fit_pairs(query, documents, info, cut)
         tokenize_s = time.monotonic() - started
         type_lists = None if self._prompt is not None else [types for _, types in pairs]
         results, timings = self._serve([ids for ids, _ in pairs], type_lists, timeout_s)
@@ -266,20 +290,23 @@ class Engine:
         self._too_long(len(ids), info)
         return ids
 
-    def _fit_pair(self, query: str, document: str, info: ModelInfo, truncate: bool) -> tuple[list[int], list[int]]:
-        ids, types = self.tokenizer.encode_pair(query, document)
-        if len(ids) <= info.max_input_tokens:
-            return ids, types
-        if truncate:
-            return self.tokenizer.encode_pair(query, document, max_length=info.truncate_tokens)
-        self._too_long(len(ids), info)
-        return ids, types
+    def _fit_pairs(self, query: str, documents: Sequence[str], info: ModelInfo,
+                   truncate: bool) -> list[tuple[list[int], list[int]]]:
+        """(ids, token types) of every (query, document) pair; over-long pairs are cut (re-encoded with the
+        tokenizer's longest-first truncation) or refused."""
+        pairs = self.tokenizer.encode_pairs([(query, doc) for doc in documents])
+        too_long = [i for i, (ids, _) in enumerate(pairs) if len(ids) > info.max_input_tokens]
+        if too_long and not truncate:
+            self._too_long(len(pairs[too_long[0]][0]), info)
+        cut = self.tokenizer.encode_pairs([(query, documents[i]) for i in too_long], max_length=info.truncate_tokens)
+        for i, fitted in zip(too_long, cut, strict=True):
+            pairs[i] = fitted
+        return pairs
 
-    def _fit_prompt(self, query: str, document: str, instruction: str | None, info: ModelInfo,
+    def _fit_prompt(self, ids: list[int], query: str, document: str, instruction: str | None, info: ModelInfo,
                     truncate: bool) -> list[int]:
-        """The rendered prompt's tokens; truncation cuts the query/document content, never the scaffold."""
+        """The rendered prompt's tokens `ids`; truncation cuts the query/document content, never the scaffold."""
         tok = self.tokenizer
-        ids = tok.encode(self._prompt.render(query, document, instruction), add_special=False)
         if len(ids) <= info.max_input_tokens:
             return ids
         if not truncate:

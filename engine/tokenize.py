@@ -31,8 +31,8 @@ def _bytes_to_unicode() -> dict[str, int]:
 class TextTokenizer:
     """Encodes prompts exactly as the checkpoint's own tokenizer does, without baked-in padding/truncation."""
 
-    def __init__(self, checkpoint: Checkpoint):
-        self._parsing = _load(checkpoint)
+    def __init__(self, checkpoint: Checkpoint, tokenizer: Tokenizer | None = None):
+        self._parsing = tokenizer or _load(checkpoint)
         # A second instance treats special-token text literally (llama's parse_special=false).
         self._literal = Tokenizer.from_str(self._parsing.to_str())
         self._literal.encode_special_tokens = True
@@ -54,25 +54,49 @@ class TextTokenizer:
         tok = self._parsing if parse_special else self._literal
         return tok.encode(text, add_special_tokens=add_special).ids
 
+    def encode_batch(self, texts: Sequence[str], add_special: bool = True,
+                     parse_special: bool = True) -> list[list[int]]:
+        """Many texts in one call: `tokenizers` encodes them in Rust, in parallel, without holding the GIL."""
+        if not texts:
+            return []
+        tok = self._parsing if parse_special else self._literal
+        return [enc.ids for enc in tok.encode_batch_fast(list(texts), add_special_tokens=add_special)]
+
     def encode_prompt(self, parts: Sequence[str | int], add_special: bool = True,
                       parse_special: bool = True) -> list[int]:
         """llama-server's mixed prompt: ints verbatim; only a leading string gets the special tokens."""
-        ids: list[int] = []
-        for i, part in enumerate(parts):
-            if isinstance(part, str):
-                ids.extend(self.encode(part, add_special=add_special and i == 0, parse_special=parse_special))
-            else:
-                ids.append(int(part))
-        return ids
+        return self.encode_prompts([parts], add_special, parse_special)[0]
+
+    def encode_prompts(self, prompts: Sequence[Sequence[str | int]], add_special: bool = True,
+                       parse_special: bool = True) -> list[list[int]]:
+        """encode_prompt for every prompt, with all their text parts tokenized in two batched calls (the
+        leading parts that get special tokens, then the rest)."""
+        leading = [(p, i) for p, parts in enumerate(prompts) for i, part in enumerate(parts)
+                   if isinstance(part, str) and i == 0 and add_special]
+        inner = [(p, i) for p, parts in enumerate(prompts) for i, part in enumerate(parts)
+                 if isinstance(part, str) and not (i == 0 and add_special)]
+        encoded: dict[tuple[int, int], list[int]] = {}
+        for where, special in ((leading, True), (inner, False)):
+            texts = [prompts[p][i] for p, i in where]
+            encoded.update(zip(where, self.encode_batch(texts, special, parse_special)))
+        return [[token for i, part in enumerate(parts)
+                 for token in (encoded[(p, i)] if isinstance(part, str) else (int(part),))]
+                for p, parts in enumerate(prompts)]
 
     def encode_pair(self, first: str, second: str, max_length: int | None = None) -> tuple[list[int], list[int]]:
         """A sentence pair with the checkpoint's own pair template: (ids, token type ids).
 
         With max_length, tokens are dropped longest-first and the template's special tokens are kept.
         """
+        return self.encode_pairs([(first, second)], max_length)[0]
+
+    def encode_pairs(self, pairs: Sequence[tuple[str, str]],
+                     max_length: int | None = None) -> list[tuple[list[int], list[int]]]:
+        """encode_pair for many pairs in one batched call."""
+        if not pairs:
+            return []
         tok = self._parsing if max_length is None else self._pair_truncating(max_length)
-        enc = tok.encode(first, second, add_special_tokens=True)
-        return enc.ids, enc.type_ids
+        return [(enc.ids, enc.type_ids) for enc in tok.encode_batch_fast(list(pairs), add_special_tokens=True)]
 
     def _pair_truncating(self, max_length: int) -> Tokenizer:
         # Truncation is tokenizer state, so each length gets its own instance (shared by request threads).
@@ -131,6 +155,15 @@ class TextTokenizer:
             if found is not None:
                 return found
         return int(fallback) if isinstance(fallback, int) else 0
+
+
+def open_tokenizer(checkpoint: Checkpoint) -> TextTokenizer:
+    """The checkpoint's tokenizer: tokenizer.json (or transformers' conversion), or a GGUF's own metadata."""
+    if checkpoint.gguf is not None:
+        from engine.gguf.tokenizer import GGUFTokenizer
+
+        return GGUFTokenizer(checkpoint)
+    return TextTokenizer(checkpoint)
 
 
 def _token_text(token: object) -> str:

@@ -31,7 +31,8 @@ class EngineOptions:
     """Everything the engine needs to load and serve one checkpoint."""
 
     model_path: str | None = None  # a local Hugging Face layout folder
-    hf_repo: str | None = None  # org/name resolved through the huggingface-hub cache
+    hf_repo: str | None = None  # org/name[:QUANT] resolved through the huggingface-hub cache
+    hf_file: str | None = None  # llama's --hf-file: the .gguf of the -hf repository to serve
     offline: bool = False
     pooling: Pooling | None = None  # None: 1_Pooling/config.json, else the family default
     ubatch_tokens: int = 512  # llama's effective n_ubatch: the longest input accepted
@@ -75,6 +76,8 @@ class ModelInfo:
     batch_tokens: int = 0  # fitted at load: rows x padded width of one forward pass
     batch_rows: int = 0  # fitted at load: the most rows of one forward pass
     widths: tuple[int, ...] = ()  # the padded widths prepared at load
+    file_format: str = "safetensors"  # "safetensors" | "gguf"
+    family: str = ""  # the engine/families file serving it (model_type aliases resolved: mistral -> llama)
     # embedding models: named prompts (config_sentence_transformers.json), the default one, and the family's
     # instruction template ({task}, {text}) where its model card defines one
     prompts: tuple[tuple[str, str], ...] = ()

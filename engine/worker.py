@@ -6,6 +6,7 @@ future per item. Inputs from concurrent requests share forward passes (engine/sc
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import itertools
 import logging
 import threading
@@ -19,7 +20,7 @@ import mlx.core as mx
 import numpy as np
 
 from engine import threads
-from engine.errors import ForwardFailed, NotLoaded, QueueFull, ReplyTimeout
+from engine.errors import ForwardFailed, NotLoaded, OutOfMemory, QueueFull, ReplyTimeout, TooManyInputs
 from engine.scheduler import BatchLimits, next_batch
 
 log = logging.getLogger(__name__)
@@ -100,6 +101,8 @@ class Worker:
                           pixels=ids.pixels) if isinstance(ids, ImageWork) else
                  WorkItem(ids=ids, type_ids=t, deadline=deadline, n_tokens=len(ids), enqueued=now)
                  for ids, t in zip(token_lists, types)]
+        if len(items) > self._max_queue:
+            raise TooManyInputs(len(items), self._max_queue)
         with self._cond:
             if self._closed:
                 raise NotLoaded("the model has been unloaded")
@@ -115,6 +118,11 @@ class Worker:
     def join(self, timeout: float | None = None) -> None:
         """Wait until the engine thread has stopped serving (after close) and released the model."""
         self._thread.join(timeout)
+
+    @property
+    def limits(self) -> BatchLimits:
+        """The batch caps in force: the load's, lowered after a pass ran out of memory."""
+        return self._limits
 
     def queued(self) -> int:
         with self._cond:
@@ -207,16 +215,17 @@ class Worker:
                 outputs = self._runner(ids, mask, type_ids, lengths)
                 collect = lambda: outputs  # noqa: E731
         except Exception as exc:
-            return _Launched(batch, None, started, exc)
-        return _Launched(batch, collect, started)
+            return _Launched(batch, None, started, width, exc)
+        return _Launched(batch, collect, started, width)
 
     def _launch_images(self, batch: list[WorkItem]) -> _Launched:
         started = time.monotonic()
+        width = batch[0].n_tokens  # an image's patches: what its row costs in the batch budget
         try:
             collect = self._runner.launch_images(np.stack([item.pixels for item in batch]))
         except Exception as exc:
-            return _Launched(batch, None, started, exc)
-        return _Launched(batch, collect, started)
+            return _Launched(batch, None, started, width, exc)
+        return _Launched(batch, collect, started, width)
 
     def _finish(self, launched: _Launched) -> None:
         batch = launched.batch
@@ -225,9 +234,17 @@ class Worker:
                 raise launched.error
             outputs = launched.collect()
         except Exception as exc:  # one bad batch must not take the engine down
-            log.error("forward pass failed for a batch of %d inputs", len(batch), exc_info=exc)
+            error: Exception
+            if is_out_of_memory(exc):
+                self._limits = lowered(self._limits, len(batch), launched.width)
+                error = OutOfMemory(f"the forward pass ran out of memory ({exc}); batches are now capped at "
+                                    f"{self._limits.max_rows} rows / {self._limits.max_tokens} tokens")
+                log.warning("%s", error)
+            else:
+                log.error("forward pass failed for a batch of %d inputs", len(batch), exc_info=exc)
+                error = ForwardFailed(f"the forward pass failed: {exc}")
             for item in batch:
-                item.future.set_exception(ForwardFailed(f"the forward pass failed: {exc}"))
+                item.future.set_exception(error)
             return
         elapsed = time.monotonic() - launched.started
         n_real = sum(item.n_tokens for item in batch)
@@ -238,6 +255,22 @@ class Worker:
         for item, value in zip(batch, outputs):
             item.future.set_result(ItemResult(value, launched.started - item.enqueued, elapsed,
                                               self.stats.n_decode_total))
+
+
+# What MLX raises when memory runs out: std::bad_alloc arrives as MemoryError; the Metal allocator and
+# command buffers raise RuntimeErrors with these words.
+_MEMORY_ERROR_WORDS = ("[metal::malloc]", "insufficient memory", "out of memory", "unable to allocate")
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    return isinstance(exc, MemoryError) or (
+        isinstance(exc, RuntimeError) and any(word in str(exc).lower() for word in _MEMORY_ERROR_WORDS))
+
+
+def lowered(limits: BatchLimits, rows: int, width: int) -> BatchLimits:
+    """Caps after a batch of rows x width ran out of memory: half of that batch, so it cannot recur."""
+    return dataclasses.replace(limits, max_rows=max(1, min(limits.max_rows, rows) // 2),
+                               max_tokens=max(width, min(limits.max_tokens, rows * width) // 2))
 
 
 # Every worker still serving; at interpreter exit they are stopped and waited for, because MLX can abort the
@@ -259,4 +292,5 @@ class _Launched:
     batch: list[WorkItem]
     collect: Callable[[], list[np.ndarray]] | None
     started: float
+    width: int  # padded width of the batch's rows
     error: Exception | None = None

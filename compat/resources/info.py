@@ -1,31 +1,23 @@
-"""GET /health, /props (+ POST), /models, /slots and /metrics (contract §6)."""
+"""GET /health, /slots and /metrics (contract §6)."""
 from __future__ import annotations
 
 import threading
-import time
 from typing import TYPE_CHECKING
 
 import falcon
 
 from compat.errors import not_supported
 from compat.routing import Models
-from compat.wire.info import (
-    render_health_response,
-    render_models_response,
-    render_props_response,
-    render_slots_response,
-)
+from compat.wire.info import render_health_response, render_slots_response
 from compat.wire.metrics import (
     prompt_throughput,
     render_metrics_response,
     render_model_metrics,
 )
-from engine import Engine
 
 if TYPE_CHECKING:
     from compat.settings import Settings
 
-PROPS_DISABLED = "This server does not support changing global properties. Start it with `--props`"
 SLOTS_DISABLED = "This server does not support slots endpoint. Start it with `--slots`"
 METRICS_DISABLED = "This server does not support metrics endpoint. Start it with `--metrics`"
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4"
@@ -34,36 +26,6 @@ METRICS_CONTENT_TYPE = "text/plain; version=0.0.4"
 class HealthResource:
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         resp.media = render_health_response()
-
-    on_head = on_get
-
-
-class PropsResource:
-    def __init__(self, engine: Engine, settings: Settings, version: str):
-        self._engine = engine
-        self._settings = settings
-        self._version = version
-
-    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
-        resp.media = render_props_response(self._settings, self._engine.info, self._version)
-
-    on_head = on_get
-
-    def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
-        if not self._settings.props:
-            raise not_supported(PROPS_DISABLED)
-        resp.media = {"success": True}  # nothing is changeable; llama's POST /props is a no-op too
-
-
-class ModelsResource:
-    def __init__(self, engine: Engine, settings: Settings, capabilities: list[str]):
-        self._engine = engine
-        self._settings = settings
-        self._capabilities = capabilities
-
-    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
-        resp.media = render_models_response(self._settings, self._engine.info, self._capabilities,
-                                            created=int(time.time()))
 
     on_head = on_get
 

@@ -1,5 +1,5 @@
-"""The several-model server's own routes (llama-server's router mode): the model list with ?reload=1, /props
-without ?model, and POST /models/load and /models/unload."""
+"""GET /models, /v1/models and /props (+ POST), whatever the server runs: the Models it is built on give llama's
+single-model answers or its router-mode ones. POST /models/load and /models/unload exist in router mode only."""
 from __future__ import annotations
 
 import time
@@ -9,35 +9,33 @@ from typing import TYPE_CHECKING
 import falcon
 
 from compat.errors import bad_request, not_supported
-from compat.resources.info import PROPS_DISABLED
-from compat.routing import ModelRouter
+from compat.routing import Models
 from compat.settings import SettingsError
-from compat.wire.info import render_props_response
 from compat.wire.inputs import parse_json_object
-from compat.wire.models import (
-    parse_model_request,
-    render_router_models_response,
-    render_router_props_response,
-)
+from compat.wire.models import parse_model_request
 
 if TYPE_CHECKING:
     from compat.settings import Settings
 
+PROPS_DISABLED = "This server does not support changing global properties. Start it with `--props`"
 NO_DOWNLOADS = ("POST /models downloads a model in llama-server; here, add the model to the preset and reload "
                 "with POST /models?reload=1")
 
 
-class RouterModelsResource:
+class ModelsResource:
     """GET /models and /v1/models; `?reload=1` (on GET as llama has it, or on POST) re-reads the configuration
     first, and a configuration that does not read is 400 with the previous one still served."""
 
-    def __init__(self, router: ModelRouter):
-        self._router = router
+    def __init__(self, models: Models):
+        self._models = models
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         if req.get_param("reload"):
-            self._reload()
-        resp.media = render_router_models_response(self._router.describe(), created=int(time.time()))
+            try:
+                self._models.reload()
+            except SettingsError as exc:
+                raise bad_request(f"the configuration was not reloaded: {exc}") from None
+        resp.media = self._models.listing(created=int(time.time()))
 
     on_head = on_get
 
@@ -46,11 +44,24 @@ class RouterModelsResource:
             raise not_supported(NO_DOWNLOADS)
         self.on_get(req, resp)
 
-    def _reload(self) -> None:
-        try:
-            self._router.reload()
-        except SettingsError as exc:
-            raise bad_request(f"the configuration was not reloaded: {exc}") from None
+
+class PropsResource:
+    """GET /props: the model's properties (router mode: llama's router answer, or ?model='s own /props)."""
+
+    def __init__(self, models: Models, settings: Settings, version: str):
+        self._models = models
+        self._settings = settings
+        self._version = version
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        resp.media = self._models.props(req.get_param("model"), self._version)
+
+    on_head = on_get
+
+    def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
+        if not self._settings.props:
+            raise not_supported(PROPS_DISABLED)
+        resp.media = {"success": True}  # nothing is changeable; llama's POST /props is a no-op too
 
 
 class ModelActionResource:
@@ -62,28 +73,3 @@ class ModelActionResource:
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         self._action(parse_model_request(parse_json_object(req.bounded_stream.read())))
         resp.media = {"success": True}
-
-
-class RouterPropsResource:
-    """GET /props: llama's router answer; with ?model= that model's own /props (loading it if need be)."""
-
-    def __init__(self, router: ModelRouter, settings: Settings, version: str):
-        self._router = router
-        self._settings = settings
-        self._version = version
-
-    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
-        name = req.get_param("model")
-        if not name:
-            resp.media = render_router_props_response(self._settings, self._version)
-            return
-        with self._router.lease(None, lambda: name, count=False) as served:
-            resp.media = render_props_response(served.settings, served.engine.info, self._version,
-                                               model_name=served.name)
-
-    on_head = on_get
-
-    def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
-        if not self._settings.props:
-            raise not_supported(PROPS_DISABLED)
-        resp.media = {"success": True}  # a no-op, as llama's

@@ -6,8 +6,8 @@ import uuid
 import falcon
 
 from compat.models import RERANK
+from compat.resources.leasing import model_request
 from compat.routing import Models
-from compat.wire.inputs import lazy_json_object, parse_model_field
 from compat.wire.rerank import parse_rerank_request, render_rerank_response
 
 
@@ -17,11 +17,9 @@ class RerankResource:
         self._cohere_v2 = cohere_v2
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
-        body = lazy_json_object(req.bounded_stream.read)
-        with self._models.lease(RERANK, lambda: parse_model_field(body())) as served:
+        with model_request(req, self._models, RERANK) as (served, body):
             request = parse_rerank_request(body(), cohere_v2=self._cohere_v2)
             result = served.engine.rerank(request.query, request.texts, truncate=request.truncate,
                                           instruction=request.instruction, timeout_s=served.remaining_s)
             served.record(result)
-        req.context.timings = result.timings
         resp.media = render_rerank_response(request, result, served.name, response_id=str(uuid.uuid4()))

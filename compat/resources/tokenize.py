@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import falcon
 
+from compat.resources.leasing import model_request
 from compat.routing import Models
-from compat.wire.inputs import lazy_json_object, parse_model_field
 from compat.wire.tokenize import (
     parse_detokenize_request,
     parse_tokenize_request,
@@ -18,8 +18,7 @@ class TokenizeResource:
         self._models = models
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
-        body = lazy_json_object(req.bounded_stream.read)
-        with self._models.lease(None, lambda: parse_model_field(body()), count=False) as served:
+        with model_request(req, self._models, None, count=False) as (served, body):
             request = parse_tokenize_request(body())
             ids = served.engine.encode_prompt(request.parts, add_special=request.add_special,
                                               parse_special=request.parse_special)
@@ -32,8 +31,6 @@ class DetokenizeResource:
         self._models = models
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
-        body = lazy_json_object(req.bounded_stream.read)
-        with self._models.lease(None, lambda: parse_model_field(body()), count=False) as served:
-            ids = parse_detokenize_request(body())
-            text = served.engine.decode(ids)
+        with model_request(req, self._models, None, count=False) as (served, body):
+            text = served.engine.decode(parse_detokenize_request(body()))
         resp.media = render_detokenize_response(text)

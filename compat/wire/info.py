@@ -53,7 +53,8 @@ def render_props_response(settings: Settings, info: ModelInfo, version: str,
         "build_info": f"mlx-embed-server-{version}",
         "is_sleeping": False,
         "cors_proxy_enabled": False,
-        # ours, after llama's keys: the shapes fitted at startup
+        # ours, after llama's keys: the family serving the model and the shapes fitted at startup
+        "family": info.family,
         "max_seq": info.max_input_tokens,
         "rows": info.batch_rows,
         "batch_tokens": info.batch_tokens,
@@ -72,8 +73,9 @@ def render_models_response(settings: Settings, info: ModelInfo, capabilities: li
             "description": "", "tags": [""],
             # llama adds "multimodal" when the model takes images (an --mmproj there)
             "capabilities": capabilities + (["multimodal"] if info.takes_images else []), "parameters": "",
-            "details": {"parent_model": "", "format": "safetensors", "family": info.model_type,
-                        "families": [info.model_type], "parameter_size": "", "quantization_level": ""},
+            "details": {"parent_model": "", "format": info.file_format, "family": info.family or info.model_type,
+                        "families": [info.family or info.model_type], "parameter_size": "",
+                        "quantization_level": ""},
         }],
         "object": "list",
         "data": [{

@@ -40,15 +40,35 @@ BAD_ELEMENTS = ('"prompt" elements must be a string, a list of tokens, a JSON ob
 MULTIMODAL = "Multimodal data provided, but model does not support multimodal requests."
 
 
+MAX_JSON_DEPTH = 32  # our deepest request is 4 levels ({"input": [{"prompt_string": ...}]}); clients' extras fit
+TOO_DEEP = f"The request body nests JSON arrays and objects more than {MAX_JSON_DEPTH} levels deep"
+
+
 def parse_json_object(raw: bytes) -> dict[str, Any]:
-    """A request body as a JSON object; the parser's own message on failure (llama: 500, here 400, §13)."""
+    """A request body as a JSON object; the parser's own message on failure (llama: 500, here 400, §13).
+
+    The body's size is bounded before this (--payload-limit); its nesting is bounded here."""
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise bad_request(str(exc)) from None
     if not isinstance(body, dict):
         raise bad_request("The request body must be a JSON object")
+    if json_depth(body) > MAX_JSON_DEPTH:
+        raise bad_request(TOO_DEEP)
     return body
+
+
+def json_depth(value: Any) -> int:
+    """Levels of arrays/objects (a scalar is 0), walked level by level without recursion; it stops once past
+    the bound, so a deep body costs no more than a shallow one."""
+    depth = 0
+    level = [value] if isinstance(value, (list, dict)) else []
+    while level and depth <= MAX_JSON_DEPTH:
+        depth += 1
+        level = [child for node in level for child in (node.values() if isinstance(node, dict) else node)
+                 if isinstance(child, (list, dict))]
+    return depth
 
 
 def is_token(value: Any) -> bool:

@@ -21,6 +21,21 @@ class BaseModelArgs:
         return cls(**{k: v for k, v in params.items() if k in names})
 
 
+class Trunk(nn.Module):
+    """A family's token ids -> hidden states module; what the engine reads off it comes from its args."""
+
+    args: BaseModelArgs
+
+    @property
+    def hidden_size(self) -> int:
+        return self.args.hidden_size
+
+    @property
+    def n_positions(self) -> int:
+        """Position capacity: the longest input the family can take."""
+        return self.args.max_position_embeddings
+
+
 def padding_mask(attention_mask: mx.array) -> mx.array:
     """[B, L] 1/0 -> boolean [B, 1, 1, L] (True = attend) for bidirectional attention."""
     return (attention_mask != 0)[:, None, None, :]
@@ -53,16 +68,21 @@ def softmax(scores: mx.array) -> mx.array:
     return weights * (1.0 / mx.sum(weights, axis=-1, keepdims=True))
 
 
-def attention(q: mx.array, k: mx.array, v: mx.array, mask: mx.array) -> mx.array:
-    """q, k, v as [B, H, L, Dh], boolean mask (True = attend); returns [B, L, H * Dh].
+def attention(q: mx.array, k: mx.array, v: mx.array, mask: mx.array, scale: float | None = None) -> mx.array:
+    """q as [B, H, L, Dh], k and v as [B, Hkv, L, Dh] (Hkv divides H: grouped-query attention), boolean mask
+    [B, 1, L or 1, L] (True = attend); returns [B, L, H * Dh]. scale defaults to 1/sqrt(Dh).
 
     Written out rather than mx.fast.scaled_dot_product_attention, which is not fused on CPU either and
     measured slower here than matmul + this softmax + matmul. A row with every key masked averages all
-    keys instead of producing NaN.
+    keys instead of producing NaN. Grouped heads broadcast over the shared keys instead of copying them.
     """
-    scores = (q * (1.0 / math.sqrt(q.shape[-1]))) @ k.transpose(0, 1, 3, 2)
-    out = softmax(mx.where(mask, scores, -1e30)) @ v
-    b, h, length, dh = out.shape
+    b, h, length, dh = q.shape
+    groups = h // k.shape[1]
+    if groups > 1:  # query head i reads key head i // groups, as transformers' repeat_kv
+        q = q.reshape(b, k.shape[1], groups, length, dh)
+        k, v, mask = k[:, :, None], v[:, :, None], mask[:, :, None]
+    scores = (q * (scale if scale is not None else 1.0 / math.sqrt(dh))) @ k.swapaxes(-1, -2)
+    out = (softmax(mx.where(mask, scores, -1e30)) @ v).reshape(b, h, length, dh)
     return out.transpose(0, 2, 1, 3).reshape(b, length, h * dh)
 
 
@@ -118,3 +138,78 @@ def activation(name: str):
     except KeyError:
         raise UnsupportedCheckpoint(f"activation {name!r} is not supported "
                                     f"(supported: {', '.join(sorted(_ACTIVATIONS))})") from None
+
+
+# -- decoder backbones: masks and rotary positions ---------------------------------------------------------
+
+def sequence_mask(attention_mask: mx.array, causal: bool, window: int | None = None) -> mx.array:
+    """[B, L] 1/0 -> boolean [B, 1, L, L] (True = attend) for decoder backbones.
+
+    Keys must be real tokens; causal: a query sees keys at or before it; window: within `window` columns
+    (causal: q - k < window; bidirectional: |q - k| < window). Every query also sees itself, so a padding
+    row is never fully masked (its output is discarded, but NaN would leak through 0 * NaN).
+    """
+    length = attention_mask.shape[1]
+    col = mx.arange(length)
+    delta = col[:, None] - col[None, :]  # q - k
+    allowed = mx.ones((length, length), dtype=mx.bool_)
+    if causal:
+        allowed = delta >= 0
+    if window is not None:
+        allowed = allowed & (mx.abs(delta) < window)
+    mask = (allowed[None] & (attention_mask != 0)[:, None, :]) | mx.eye(length, dtype=mx.bool_)[None]
+    return mask[:, None]
+
+
+def token_positions(attention_mask: mx.array) -> mx.array:
+    """Position of each token among the real tokens of its row ([B, L] int32; padding gets a neighbour's)."""
+    return mx.maximum(mx.cumsum((attention_mask != 0).astype(mx.int32), axis=1) - 1, 0)
+
+
+_ROPE_TYPES = ("default", "linear", "llama3")
+
+
+def rope_settings(family: str, rope_parameters: dict[str, Any] | None, rope_scaling: dict[str, Any] | None,
+                  rope_theta: float | None, default_theta: float) -> dict[str, Any]:
+    """One rotary setting from either config style (transformers >= 5 rope_parameters, or rope_theta plus
+    rope_scaling); a type we do not compute is an error naming it."""
+    params = dict(rope_scaling or {})
+    params.update(rope_parameters or {})
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind not in _ROPE_TYPES:
+        raise UnsupportedCheckpoint(f"{family} rope type {kind!r} is not supported (supported: {', '.join(_ROPE_TYPES)})")
+    if params.get("partial_rotary_factor", 1.0) != 1.0:
+        raise UnsupportedCheckpoint(f"{family} partial_rotary_factor {params['partial_rotary_factor']} is not supported")
+    params["rope_type"] = kind
+    params["rope_theta"] = float(params.get("rope_theta") or rope_theta or default_theta)
+    return params
+
+
+def rope_inverse_frequencies(head_dim: int, rope: dict[str, Any]) -> mx.array:
+    """Per-pair rotation speeds [Dh / 2] for a rope_settings() dict, as transformers computes them."""
+    inv_freq = 1.0 / (rope["rope_theta"] ** (mx.arange(0, head_dim, 2).astype(mx.float32) / head_dim))
+    if rope["rope_type"] == "linear":
+        return inv_freq / rope["factor"]
+    if rope["rope_type"] == "llama3":  # Llama 3.1+: slow bands stretched, fast bands kept, smooth in between
+        factor, low, high = rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"]
+        old_len = rope["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv_freq
+        scaled = mx.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+        smooth = (old_len / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+        return mx.where(medium, smoothed, scaled)
+    return inv_freq
+
+
+def rotary_tables(positions: mx.array, inv_freq: mx.array) -> tuple[mx.array, mx.array]:
+    """cos and sin [B, 1, L, Dh] for token positions [B, L] (rotate-half layout)."""
+    angles = positions[..., None].astype(mx.float32) * inv_freq
+    angles = mx.concatenate([angles, angles], axis=-1)[:, None]
+    return mx.cos(angles), mx.sin(angles)
+
+
+def rotate(x: mx.array, cos: mx.array, sin: mx.array) -> mx.array:
+    """Rotary embedding in the rotate-half layout on [B, H, L, Dh]."""
+    half = x.shape[-1] // 2
+    return x * cos + mx.concatenate([-x[..., half:], x[..., :half]], axis=-1) * sin

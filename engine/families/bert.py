@@ -12,6 +12,7 @@ import mlx.nn as nn
 from engine.errors import UnsupportedCheckpoint
 from engine.families.base import (
     BaseModelArgs,
+    Trunk,
     activation,
     attention,
     padding_mask,
@@ -138,7 +139,7 @@ class BertPooler(nn.Module):
         return mx.tanh(self.dense(hidden[:, 0]))
 
 
-class Model(nn.Module):
+class Model(Trunk):
     """The trunk: token ids -> final hidden states [B, L, D]. The pooler only exists for classifiers."""
 
     def __init__(self, args: ModelArgs, add_pooler: bool = False):
@@ -148,14 +149,6 @@ class Model(nn.Module):
         self.encoder = BertEncoder(args)
         if add_pooler:
             self.pooler = BertPooler(args)
-
-    @property
-    def hidden_size(self) -> int:
-        return self.args.hidden_size
-
-    @property
-    def n_positions(self) -> int:
-        return self.args.max_position_embeddings
 
     def position_ids(self, input_ids: mx.array, attention_mask: mx.array) -> mx.array:
         return mx.broadcast_to(mx.arange(input_ids.shape[1]), input_ids.shape)
@@ -180,20 +173,26 @@ class Model(nn.Module):
 
 
 class SequenceClassifier(nn.Module):
-    """BertForSequenceClassification: trunk, pooler (dense + tanh on [CLS]), classifier -> [B, labels]."""
+    """BertForSequenceClassification: trunk, pooler (dense + tanh on [CLS]), classifier -> [B, labels].
 
-    def __init__(self, args: ModelArgs, num_labels: int):
+    Families with the same head over another trunk subclass it, naming their trunk's key and class.
+    """
+
+    trunk_key = "bert"
+    trunk_class = Model
+
+    def __init__(self, args, num_labels: int):
         super().__init__()
-        self.bert = Model(args, add_pooler=True)
+        self[self.trunk_key] = self.trunk_class(args, add_pooler=True)
         self.classifier = nn.Linear(args.hidden_size, num_labels)
 
     @property
-    def trunk(self) -> Model:
-        return self.bert
+    def trunk(self) -> nn.Module:
+        return self[self.trunk_key]
 
     def __call__(self, input_ids: mx.array, attention_mask: mx.array,
                  token_type_ids: mx.array | None = None) -> mx.array:
-        return self.classifier(self.bert.pooler(self.bert(input_ids, attention_mask, token_type_ids)))
+        return self.classifier(self.trunk.pooler(self.trunk(input_ids, attention_mask, token_type_ids)))
 
     @staticmethod
     def label_count(weights: dict[str, mx.array]) -> int:

@@ -15,6 +15,7 @@ import mlx.nn as nn
 from engine.errors import UnsupportedCheckpoint
 from engine.families.base import (
     BaseModelArgs,
+    Trunk,
     activation,
     attention,
     padding_mask,
@@ -146,7 +147,7 @@ class ModernBertEncoderLayer(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
 
-class Model(nn.Module):
+class Model(Trunk):
     """The trunk: token ids -> final hidden states [B, L, D]."""
 
     def __init__(self, args: ModelArgs):
@@ -155,14 +156,6 @@ class Model(nn.Module):
         self.embeddings = ModernBertEmbeddings(args)
         self.layers = [ModernBertEncoderLayer(args, i) for i in range(args.num_hidden_layers)]
         self.final_norm = _layer_norm(args)
-
-    @property
-    def hidden_size(self) -> int:
-        return self.args.hidden_size
-
-    @property
-    def n_positions(self) -> int:
-        return self.args.max_position_embeddings
 
     def masks(self, attention_mask: mx.array) -> dict[str, mx.array]:
         """Boolean masks (True = attend) per layer kind.

@@ -52,7 +52,7 @@ class FakeEngine:
             ftype="F32", pooling=Pooling.RANK if kind != "embedder" else pooling,
             max_input_tokens=max_input_tokens, truncate_tokens=512, slot_ctx=256, n_slots=2, bos_token="[CLS]",
             eos_token="[SEP]", kind=kind, batch_tokens=4096, batch_rows=16, widths=(8, 16, 512), prompts=prompts,
-            default_prompt_name=default_prompt_name, instruction_template=instruction_template)
+            default_prompt_name=default_prompt_name, instruction_template=instruction_template, family="bert")
         self.limit_kind = limit_kind
         self.embed_calls: list[dict] = []
         self.encode_calls: list[dict] = []
@@ -84,6 +84,10 @@ class FakeEngine:
 
     def decode(self, ids: Sequence[int]) -> str:
         return " ".join(self._words.get(t, "?") for t in ids)
+
+    def embed_prompts(self, prompts: Sequence[Sequence[str | int]], *, truncate: bool | None = None,
+                      timeout_s: float = 3600) -> EmbedResult:
+        return self.embed([self.encode_prompt(parts) for parts in prompts], truncate=truncate, timeout_s=timeout_s)
 
     def embed(self, token_lists: list[list[int]], *, truncate: bool | None = None,
               timeout_s: float = 3600) -> EmbedResult:

@@ -12,8 +12,10 @@ from engine.errors import (
     EngineError,
     ForwardFailed,
     NotLoaded,
+    OutOfMemory,
     QueueFull,
     ReplyTimeout,
+    TooManyInputs,
     UnsupportedCheckpoint,
 )
 from engine.types import Pooling
@@ -494,6 +496,10 @@ def test_input_longer_than_the_context_is_exceed_context_size(make_client):
 
 @pytest.mark.parametrize("exc,status,kind,message", [
     (QueueFull("queue is full"), 503, "unavailable_error", "queue is full"),
+    (TooManyInputs(5000, 4096), 413, "invalid_request_error",
+     "this request has 5000 inputs; the engine queue holds at most 4096 (--max-queue-items)"),
+    (OutOfMemory("out of memory; batches are now capped at 2 rows"), 500, "server_error",
+     "out of memory; batches are now capped at 2 rows"),
     (ReplyTimeout("timed out"), 504, "timeout_error", "timed out"),
     (ForwardFailed("metal said no"), 500, "server_error", "metal said no"),
     (NotLoaded(), 503, "unavailable_error", "Loading model"),
@@ -505,6 +511,7 @@ def test_engine_errors_are_mapped(make_client, exc, status, kind, message):
     engine.raise_on_embed = exc
     res = make_client("--embedding", engine=engine).simulate_post("/v1/embeddings", json={"input": "a"})
     assert (res.status_code, res.text) == (status, handler_error(status, message, kind))
+    assert res.headers.get("Retry-After") == ("1" if status == 503 else None)  # only transient errors say retry
 
 
 def test_unexpected_exception_is_500_without_leaks_and_the_server_keeps_serving(make_client, caplog):
@@ -587,7 +594,7 @@ def test_props_shape_and_values(make_client):
     assert list(body) == ["default_generation_settings", "total_slots", "model_alias", "model_ftype", "model_path",
                           "modalities", "endpoint_slots", "endpoint_props", "endpoint_metrics", "ui",
                           "chat_template", "bos_token", "eos_token", "build_info", "is_sleeping",
-                          "cors_proxy_enabled", "max_seq", "rows", "batch_tokens", "widths", "prompts",
+                          "cors_proxy_enabled", "family", "max_seq", "rows", "batch_tokens", "widths", "prompts",
                           "default_prompt_name", "instruction_template", "dimensions", "input_modalities"]
     assert list(body["default_generation_settings"]) == ["params", "n_ctx"]
     assert list(body["default_generation_settings"]["params"]) == PARAMS_KEYS
@@ -601,6 +608,7 @@ def test_props_shape_and_values(make_client):
     assert body["build_info"].startswith("mlx-embed-server-")
     assert body["is_sleeping"] is False
     assert (body["max_seq"], body["rows"], body["batch_tokens"], body["widths"]) == (16, 16, 4096, [8, 16, 512])
+    assert body["family"] == "bert"
     assert (body["prompts"], body["default_prompt_name"], body["instruction_template"]) == ({}, None, None)
     assert body["dimensions"] == {"min": 1, "max": 4}
 

@@ -84,6 +84,15 @@ def load_hf_model(path: str | os.PathLike, cls_name: str = "AutoModel"):
     return model
 
 
+def with_minilm_tokenizer(out: Path) -> int:
+    """Create `out` with all-MiniLM-L6-v2's WordPiece tokenizer files in it; returns the vocabulary size."""
+    out.mkdir(parents=True, exist_ok=True)
+    src = minilm_dir()
+    for name in TOKENIZER_FILES:
+        shutil.copy(src / name, out / name)
+    return len(json.loads((src / "tokenizer.json").read_text(encoding="utf-8"))["model"]["vocab"])
+
+
 def make_random_bert(out: Path, *, hidden_act: str = "gelu", seed: int = 0, initializer_range: float = 0.02,
                      architecture: str = "BertModel", tokenizer_config: dict | None = None,
                      extra_files: dict[str, object] | None = None, max_position_embeddings: int = 512) -> Path:
@@ -94,13 +103,9 @@ def make_random_bert(out: Path, *, hidden_act: str = "gelu", seed: int = 0, init
     t = torch()
     from transformers import BertConfig, BertForSequenceClassification, BertModel
 
-    out.mkdir(parents=True, exist_ok=True)
-    src = minilm_dir()
-    for name in TOKENIZER_FILES:
-        shutil.copy(src / name, out / name)
-    vocab = json.loads((src / "tokenizer.json").read_text(encoding="utf-8"))["model"]["vocab"]
+    n_vocab = with_minilm_tokenizer(out)
     t.manual_seed(seed)
-    config = BertConfig(vocab_size=len(vocab), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+    config = BertConfig(vocab_size=n_vocab, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                         intermediate_size=128, max_position_embeddings=max_position_embeddings, type_vocab_size=2,
                         hidden_act=hidden_act, initializer_range=initializer_range)
     if architecture == "BertForSequenceClassification":

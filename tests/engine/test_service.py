@@ -131,6 +131,17 @@ def test_alone_and_in_a_mixed_batch_agree(minilm):
         np.testing.assert_allclose(vec, minilm.embed([ids]).vectors[0], rtol=0, atol=1e-5)
 
 
+def test_embed_prompts_tokenizes_in_the_engine(minilm):
+    """Text and mixed prompts go in as sent; the engine tokenizes them (timed) and embeds the same ids."""
+    prompts = [[TARGET], ["ok", 2003, "x"], [101, 2003, 102]]
+    result = minilm.embed_prompts(prompts)
+    assert result.timings.tokenize_s > 0
+    token_lists = [minilm.encode_prompt(p) for p in prompts]
+    assert result.n_tokens == [len(ids) for ids in token_lists]
+    for got, expected in zip(result.vectors, minilm.embed(token_lists).vectors, strict=True):
+        np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5)
+
+
 def test_split_into_small_batches_agrees(minilm_path, minilm):
     small = start_engine(minilm_path, max_batch_rows=2, max_batch_tokens=256)
     try:

@@ -121,3 +121,25 @@ def test_checkpoint_without_tokenizer_json_is_converted(tmp_path, minilm_path, t
     assert converted.trailing_specials == [SEP]
     for text in TEXTS:
         assert converted.encode(text) == tok.encode(text), text
+
+
+def test_batched_prompts_match_transformers(tok, hf_tok):
+    """One batched call for many mixed prompts gives each prompt transformers' ids, in order."""
+    prompts = [[text] for text in TEXTS if text] + [["a", 7, "b c"], [5, "a"], [9, 8]]
+    got = tok.encode_prompts(prompts)
+    expected = [hf_tok(text)["input_ids"] for text in TEXTS if text]
+    a, bc = hf_tok("a")["input_ids"], hf_tok("b c", add_special_tokens=False)["input_ids"]
+    expected += [[*a, 7, *bc], [5, *hf_tok("a", add_special_tokens=False)["input_ids"]], [9, 8]]
+    assert got == expected
+    assert tok.encode_prompts([["a [SEP] b"]], add_special=False, parse_special=False) == [
+        hf_tok("a [SEP] b", add_special_tokens=False, split_special_tokens=True)["input_ids"]]
+    assert tok.encode_prompts([]) == []
+
+
+def test_batched_pairs_match_transformers(tok, hf_tok):
+    docs = ["a cat is a small animal", "long document " * 40, "x"]
+    for max_length in (None, 20):
+        got = tok.encode_pairs([("what is a cat?", doc) for doc in docs], max_length=max_length)
+        kwargs = {} if max_length is None else {"truncation": "longest_first", "max_length": max_length}
+        encs = [hf_tok("what is a cat?", doc, **kwargs) for doc in docs]
+        assert got == [(enc["input_ids"], enc["token_type_ids"]) for enc in encs]

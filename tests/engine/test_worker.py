@@ -8,9 +8,17 @@ from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from engine.errors import EngineError, ForwardFailed, NotLoaded, QueueFull, ReplyTimeout
+from engine.errors import (
+    EngineError,
+    ForwardFailed,
+    NotLoaded,
+    OutOfMemory,
+    QueueFull,
+    ReplyTimeout,
+    TooManyInputs,
+)
 from engine.scheduler import BatchLimits
-from engine.worker import Worker
+from engine.worker import Worker, is_out_of_memory
 
 PAD = 7
 FAR = 1e12  # a deadline that never passes
@@ -148,6 +156,66 @@ def test_forward_failure_fails_only_that_batch():
         good = worker.submit([[4, 5]], FAR)
         assert good[0].future.result(10).value.tolist() == echo([4, 5]).tolist()
         assert worker.stats.n_decode_total == 1  # the failed pass is not counted
+    finally:
+        worker.close()
+
+
+class OutOfMemoryRunner(FakeRunner):
+    """Raises what MLX raises when memory runs out, for every pass of more than `fits` tokens (rows x width)."""
+
+    def __init__(self, fits: int, error: Exception):
+        super().__init__()
+        self.fits = fits
+        self.error = error
+
+    def __call__(self, ids, mask, type_ids, lengths):
+        if ids.size > self.fits:
+            self.calls.append((ids.copy(), mask.copy(), type_ids.copy(), list(lengths)))
+            raise self.error
+        return super().__call__(ids, mask, type_ids, lengths)
+
+
+@pytest.mark.parametrize("error", [
+    MemoryError("std::bad_alloc"),
+    RuntimeError("[metal::malloc] Attempting to allocate 68719476736 bytes which is greater than the maximum "
+                 "allowed buffer size of 28991029248 bytes."),
+])
+def test_memory_exhaustion_fails_the_batch_and_lowers_the_caps(error):
+    runner = OutOfMemoryRunner(fits=32, error=error)
+    runner.release.clear()
+    worker = start(runner, BatchLimits(max_tokens=256, max_rows=8))
+    try:
+        hold(worker, runner)  # the next four inputs wait together and go into one 4 x 16 pass
+        batch = worker.submit([[1] * 9, [2] * 9, [3] * 9, [4] * 9], FAR)
+        runner.release.set()
+        for item in batch:
+            with pytest.raises(OutOfMemory, match="ran out of memory.*now capped at 2 rows / 32 tokens"):
+                item.future.result(10)
+        assert (worker.limits.max_rows, worker.limits.max_tokens) == (2, 32)
+        n_calls = len(runner.calls)
+        again = worker.submit([[1] * 9, [2] * 9, [3] * 9, [4] * 9], FAR)  # the same inputs now pass
+        assert [item.future.result(10).value.tolist() for item in again] == [
+            echo([k] * 9).tolist() for k in (1, 2, 3, 4)]
+        assert all(c[0].shape[0] <= 2 and c[0].size <= 32 for c in runner.calls[n_calls:])
+    finally:
+        worker.close()
+
+
+def test_only_memory_errors_count_as_memory_exhaustion():
+    assert is_out_of_memory(MemoryError())
+    assert is_out_of_memory(RuntimeError("[METAL] Command buffer execution failed: Insufficient Memory"))
+    assert not is_out_of_memory(RuntimeError("boom"))
+    assert not is_out_of_memory(ValueError("out of memory"))
+
+
+def test_more_inputs_than_the_queue_can_ever_hold_is_refused_for_good():
+    worker = start(FakeRunner(), max_queue=3)
+    try:
+        with pytest.raises(TooManyInputs, match="4 inputs; the engine queue holds at most 3") as caught:
+            worker.submit([[1], [2], [3], [4]], FAR)
+        assert (caught.value.n_inputs, caught.value.limit) == (4, 3)
+        assert worker.queued() == 0
+        assert worker.submit([[1], [2], [3]], FAR)[2].future.result(10).value.tolist() == echo([3]).tolist()
     finally:
         worker.close()
 

@@ -32,7 +32,8 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 
 class ServerProcess:
-    def __init__(self, *args: str, env: dict[str, str] | None = None, host_args: bool = True):
+    def __init__(self, *args: str, env: dict[str, str] | None = None, host_args: bool = True,
+                 cwd: Path | None = None):
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         net = ["--host", "127.0.0.1", "--port", str(self.port)] if host_args else []
@@ -40,9 +41,12 @@ class ServerProcess:
         self.env = env if env is not None else clean_env()
         self.log = tempfile.NamedTemporaryFile(prefix="mlx-embed-log-", suffix=".txt", delete=False)
         self.proc: subprocess.Popen | None = None
+        self.cwd = cwd or ROOT
+        if cwd is not None:  # started elsewhere (relative -m paths), the sources still come from the repository
+            self.env = {**self.env, "PYTHONPATH": str(ROOT)}
 
     def start(self, wait: bool = True, timeout: float = 90) -> "ServerProcess":
-        self.proc = subprocess.Popen(self.argv, cwd=ROOT, env=self.env, stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(self.argv, cwd=self.cwd, env=self.env, stdout=self.log, stderr=subprocess.STDOUT)
         if wait:
             self.wait_ready(timeout)
         return self

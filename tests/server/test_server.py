@@ -90,12 +90,13 @@ def test_every_route_answers_503_while_loading():
         srv.stop()
 
 
-def test_a_full_queue_answers_503_and_the_server_keeps_serving():
+def test_more_inputs_than_the_queue_holds_is_413_and_the_server_keeps_serving():
     with ServerProcess("--embedding", "--max-queue-items", "4") as srv:
         res = srv.post("/v1/embeddings", {"input": ["a", "b", "c", "d", "e"]})
-        assert res.status_code == 503
-        assert res.json()["error"]["type"] == "unavailable_error"
-        assert srv.post("/v1/embeddings", {"input": ["a", "b"]}).status_code == 200
+        assert res.status_code == 413  # it can never fit: retrying later would not help (a full queue is 503)
+        assert res.json() == {"error": {"code": 413, "type": "invalid_request_error", "message":
+                              "this request has 5 inputs; the engine queue holds at most 4 (--max-queue-items)"}}
+        assert srv.post("/v1/embeddings", {"input": ["a", "b", "c", "d"]}).status_code == 200
 
 
 def test_api_keys_from_flag_and_file(tmp_path):
@@ -110,6 +111,8 @@ def test_api_keys_from_flag_and_file(tmp_path):
         for headers in ({"Authorization": "Bearer sk-two"}, {"X-Api-Key": "sk-one"},
                         {"Authorization": "Bearer sk-from-file"}):
             assert srv.post("/v1/embeddings", {"input": "x"}, headers=headers).status_code == 200
+    assert not any(key in srv.output() for key in ("sk-one", "sk-two", "sk-from-file"))
+    assert "readable by every user" in srv.output()  # the file was written with the usual 0644
 
 
 def _model_id(srv: ServerProcess) -> str:

@@ -1,0 +1,27 @@
+"""How a route that needs a model reaches it: the body is read once, its `model` picks the engine, the engine
+is leased for the whole request, and the engine's timings end up in the timing headers."""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import falcon
+
+from compat.models import Kind
+from compat.routing import Models, Served
+from compat.wire.inputs import lazy_json_object, parse_model_field
+
+Body = Callable[[], dict[str, Any]]  # the request body as a JSON object, parsed on the first call
+
+
+@contextmanager
+def model_request(req: falcon.Request, models: Models, kind: Kind | None, *,
+                  count: bool = True) -> Iterator[tuple[Served, Body]]:
+    """(served, body) inside the lease. The body is parsed lazily: a single-model server never needs its `model`,
+    and some checks (llama's order) come before the body is parsed at all."""
+    body = lazy_json_object(req.bounded_stream.read)
+    with models.lease(kind, lambda: parse_model_field(body()), count=count) as served:
+        yield served, body
+    if served.timings is not None:
+        req.context.timings = served.timings

@@ -1,0 +1,199 @@
+"""Llama-style decoder backbone (LlamaForCausalLM / LlamaModel, Mistral, and LLM2Vec's bidirectional Llama).
+
+Served as an embedder: the final normed hidden states of every token; pooling happens outside. The LM head
+is never applied (and never loaded). Rows arrive right-padded; positions count real tokens, keys are real
+tokens only, and every query sees itself, so no row is fully masked. Causal unless the checkpoint says it
+was trained bidirectionally (`model_type: llama_bidirec`, `is_causal: false`, `use_bidirectional_attention`).
+
+qwen2 and qwen3 reuse these blocks with their own ModelArgs (bias layout, q/k norms).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from engine.errors import UnsupportedCheckpoint
+from engine.families.base import (
+    BaseModelArgs,
+    Trunk,
+    attention,
+    rope_inverse_frequencies,
+    rope_settings,
+    rotary_tables,
+    rotate,
+    sequence_mask,
+    split_heads,
+    token_positions,
+)
+
+FULL, SLIDING = "full_attention", "sliding_attention"
+
+
+@dataclass
+class ModelArgs(BaseModelArgs):
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    intermediate_size: int
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None
+    rms_norm_eps: float = 1e-6
+    rope_theta: float | None = None
+    rope_parameters: dict[str, Any] | None = None
+    rope_scaling: dict[str, Any] | None = None
+    max_position_embeddings: int = 2048
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    hidden_act: str = "silu"
+    sliding_window: int | None = None
+    layer_types: list[str] | None = None
+    is_causal: bool | None = None
+    use_bidirectional_attention: bool | None = None
+    # derived in __post_init__
+    qkv_bias: bool = field(init=False)
+    o_bias: bool = field(init=False)
+    qk_norm: bool = field(init=False, default=False)
+    causal: bool = field(init=False)
+    rope: dict[str, Any] = field(init=False)
+
+    default_rope_theta = 10_000.0
+
+    @property
+    def family(self) -> str:
+        return self.model_type
+
+    def __post_init__(self):
+        self.num_key_value_heads = self.num_key_value_heads or self.num_attention_heads
+        self.head_dim = self.head_dim or self.hidden_size // self.num_attention_heads
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise UnsupportedCheckpoint(f"{self.family}: num_attention_heads {self.num_attention_heads} is not a "
+                                        f"multiple of num_key_value_heads {self.num_key_value_heads}")
+        if self.hidden_act not in ("silu", "swish"):
+            raise UnsupportedCheckpoint(f"{self.family} hidden_act {self.hidden_act!r} is not supported (only 'silu')")
+        self.rope = rope_settings(self.family, self.rope_parameters, self.rope_scaling, self.rope_theta,
+                                  self.default_rope_theta)
+        self.qkv_bias = self.o_bias = self.attention_bias
+        self.causal = not (self.model_type == "llama_bidirec" or self.is_causal is False
+                           or self.use_bidirectional_attention)
+        self.layer_types = self._layer_types()
+        if set(self.layer_types) - {FULL, SLIDING} or len(self.layer_types) != self.num_hidden_layers:
+            raise UnsupportedCheckpoint(f"{self.family} layer_types {self.layer_types!r} do not describe "
+                                        f"{self.num_hidden_layers} full/sliding attention layers")
+        if SLIDING in self.layer_types and not self.sliding_window:
+            raise UnsupportedCheckpoint(f"{self.family}: sliding_attention layers without a sliding_window")
+
+    def _layer_types(self) -> list[str]:
+        """Llama attends fully everywhere (it has no sliding window); Mistral slides on every layer when
+        sliding_window is set, as transformers' MistralModel does."""
+        if self.model_type == "mistral" and self.sliding_window:
+            return [SLIDING] * self.num_hidden_layers
+        return [FULL] * self.num_hidden_layers
+
+    def window(self, layer_type: str) -> int | None:
+        return self.sliding_window if layer_type == SLIDING else None
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.n_heads, self.n_kv_heads = args.num_attention_heads, args.num_key_value_heads
+        self.q_proj = nn.Linear(args.hidden_size, self.n_heads * args.head_dim, bias=args.qkv_bias)
+        self.k_proj = nn.Linear(args.hidden_size, self.n_kv_heads * args.head_dim, bias=args.qkv_bias)
+        self.v_proj = nn.Linear(args.hidden_size, self.n_kv_heads * args.head_dim, bias=args.qkv_bias)
+        self.o_proj = nn.Linear(self.n_heads * args.head_dim, args.hidden_size, bias=args.o_bias)
+        if args.qk_norm:  # Qwen3: RMSNorm over each head's query and key before the rotation
+            self.q_norm = nn.RMSNorm(args.head_dim, eps=args.rms_norm_eps)
+            self.k_norm = nn.RMSNorm(args.head_dim, eps=args.rms_norm_eps)
+
+    def __call__(self, x: mx.array, mask: mx.array, cos: mx.array, sin: mx.array) -> mx.array:
+        q = split_heads(self.q_proj(x), self.n_heads)
+        k = split_heads(self.k_proj(x), self.n_kv_heads)
+        v = split_heads(self.v_proj(x), self.n_kv_heads)
+        if "q_norm" in self:
+            q, k = self.q_norm(q), self.k_norm(k)
+        return self.o_proj(attention(rotate(q, cos, sin), rotate(k, cos, sin), v, mask))
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.gate_proj = nn.Linear(args.hidden_size, args.intermediate_size, bias=args.mlp_bias)
+        self.up_proj = nn.Linear(args.hidden_size, args.intermediate_size, bias=args.mlp_bias)
+        self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=args.mlp_bias)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self.down_proj(nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, args: ModelArgs, layer_type: str):
+        super().__init__()
+        self.layer_type = layer_type
+        self.self_attn = Attention(args)
+        self.mlp = MLP(args)
+        self.input_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
+        self.post_attention_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
+
+    def __call__(self, x: mx.array, mask: mx.array, cos: mx.array, sin: mx.array) -> mx.array:
+        h = x + self.self_attn(self.input_layernorm(x), mask, cos, sin)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class DecoderModel(nn.Module):
+    """embed_tokens -> layers -> norm, as the checkpoint's `model.` keys name them."""
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.args = args
+        self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
+        self.layers = [TransformerBlock(args, kind) for kind in args.layer_types]
+        self.norm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
+
+    def __call__(self, input_ids: mx.array, attention_mask: mx.array) -> mx.array:
+        """Padded ids and mask [B, L] (left or right padding) -> final normed hidden states [B, L, D]."""
+        args = self.args
+        cos, sin = rotary_tables(token_positions(attention_mask), rope_inverse_frequencies(args.head_dim, args.rope))
+        masks = {kind: sequence_mask(attention_mask, args.causal, args.window(kind)) for kind in set(args.layer_types)}
+        x = self.embed_tokens(input_ids)
+        for layer in self.layers:
+            x = layer(x, masks[layer.layer_type], cos, sin)
+        return self.norm(x)
+
+
+class Model(Trunk):
+    """The backbone under `model.`; a causal LM's head is dropped, an embedder never applies it."""
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.args = args
+        self.model = DecoderModel(args)
+
+    def __call__(self, input_ids: mx.array, attention_mask: mx.array,
+                 token_type_ids: mx.array | None = None) -> mx.array:
+        return self.model(input_ids, attention_mask)
+
+    def sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
+        return backbone_weights(weights, keep_head=False)
+
+
+def backbone_weights(weights: dict[str, mx.array], keep_head: bool) -> dict[str, mx.array]:
+    """Checkpoint keys -> ours: a bare `*Model` export has no `model.` prefix; rotary buffers are dropped;
+    `lm_head.*` is kept only when asked (a generative reranker reads two of its rows)."""
+    out = {}
+    for key, value in weights.items():
+        if "rotary_emb." in key:
+            continue
+        if key.startswith("lm_head."):
+            if keep_head:
+                out[key] = value
+            continue
+        out[key if key.startswith("model.") else f"model.{key}"] = value
+    return out

@@ -1,0 +1,43 @@
+"""A GGUF file as a Checkpoint: config.json's equivalent, pooling and tokenizer settings from its metadata."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from engine.checkpoint import Checkpoint
+from engine.errors import UnsupportedCheckpoint
+from engine.gguf.arch import for_architecture
+from engine.gguf.reader import GGUFFile
+from engine.types import Pooling
+
+# llama.h's llama_pooling_type values as stored in `{arch}.pooling_type`
+_POOLING = {0: Pooling.NONE, 1: Pooling.MEAN, 2: Pooling.CLS, 3: Pooling.LAST, 4: Pooling.RANK}
+
+
+def read(path: Path, label: str) -> Checkpoint:
+    """`label` is how the user named the file (llama-server reports the -m path as typed)."""
+    gguf = GGUFFile(path)
+    arch = gguf.architecture
+    mapping = for_architecture(arch, str(path))
+    shapes = {name: info.shape for name, info in gguf.tensors.items()}
+    try:
+        config = mapping.config(gguf.metadata, arch, shapes)
+    except KeyError as exc:
+        raise UnsupportedCheckpoint(f"{path}: GGUF metadata {exc.args[0]!r} is missing") from None
+    stored = gguf.arch_value("pooling_type")
+    if stored is not None and int(stored) not in _POOLING:
+        raise UnsupportedCheckpoint(f"{path}: pooling_type {stored} is not supported")
+    # llama.cpp: no pooling_type means none (per-token vectors) unless --pooling says otherwise
+    pooling = _POOLING[int(stored)] if stored is not None else Pooling.NONE
+    meta = gguf.metadata
+    tokens = meta.get("tokenizer.ggml.tokens") or []
+
+    def token(key: str) -> str | None:
+        value = meta.get(f"tokenizer.ggml.{key}")
+        return tokens[int(value)] if value is not None and 0 <= int(value) < len(tokens) else None
+
+    return Checkpoint(
+        path=path, config=config, pooling=None if pooling is Pooling.RANK else pooling,
+        tokenizer_config={"bos_token": token("bos_token_id"), "eos_token": token("eos_token_id"),
+                          "pad_token": token("padding_token_id")},
+        max_seq_length=int(gguf.arch_value("context_length", 0)) or None,
+        gguf=gguf, label=label)

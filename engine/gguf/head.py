@@ -1,0 +1,41 @@
+"""llama.cpp's rank head (llama-graph.cpp build_pooling, case RANK), for reranker GGUFs.
+
+The file keeps only what llama.cpp computes: one pooled token, then `cls` (dense + tanh) when present, then
+`cls.output`. BERT conversions drop the checkpoint's pooler and serve every token type as 0, so their scores
+are llama-server's, not the original checkpoint's. Qwen3 rerankers store the yes/no rows in `cls.output`
+and llama.cpp takes softmax(...)[0] = P(yes).
+"""
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from engine.pooling import pool
+from engine.types import Pooling
+
+
+class RankHead(nn.Module):
+    def __init__(self, trunk: nn.Module, hidden: int, n_out: int, dense: bool, pooling: Pooling, softmax: bool):
+        super().__init__()
+        self.trunk = trunk
+        if dense:
+            self.cls = nn.Linear(hidden, hidden)
+        self.cls_output = nn.Linear(hidden, n_out)
+        self._pooling = pooling
+        self._softmax = softmax
+
+    def __call__(self, input_ids: mx.array, attention_mask: mx.array,
+                 token_type_ids: mx.array | None = None) -> mx.array:
+        hidden = self.trunk(input_ids, attention_mask, mx.zeros_like(input_ids))
+        x = pool(hidden, attention_mask, self._pooling)
+        if "cls" in self:
+            x = mx.tanh(self.cls(x))
+        scores = self.cls_output(x)
+        return mx.softmax(scores, axis=-1) if self._softmax else scores
+
+    @staticmethod
+    def key(name: str) -> str | None:
+        """GGUF head tensor -> our parameter name."""
+        table = {"cls.weight": "cls.weight", "cls.bias": "cls.bias",
+                 "cls.output.weight": "cls_output.weight", "cls.output.bias": "cls_output.bias"}
+        return table.get(name)

@@ -1,0 +1,58 @@
+"""-hf org/name[:QUANT] and --hf-file through the Hugging Face cache (llama's choice of file in a repository)."""
+from __future__ import annotations
+
+from pathlib import Path, PurePosixPath
+
+from engine.errors import CheckpointNotFound
+
+DEFAULT_QUANT = "Q4_K_M"  # llama's tag when a GGUF repository is named without one
+
+
+def split_repo(hf_repo: str) -> tuple[str, str | None]:
+    """`org/name:quant` -> (`org/name`, `quant`); no tag -> None."""
+    repo, _, quant = hf_repo.partition(":")
+    return repo, quant or None
+
+
+def choose_file(files: list[str], quant: str | None, hf_repo: str) -> str:
+    """The .gguf of a repository for a quant tag: names containing the tag, case-insensitively; multimodal
+    projectors are never the model. Without a tag: Q4_K_M if present, else the first .gguf."""
+    ggufs = sorted(f for f in files if f.lower().endswith(".gguf") and "mmproj" not in PurePosixPath(f).name.lower())
+    if not ggufs:
+        raise CheckpointNotFound(f"{hf_repo}: the repository has no .gguf file")
+    tag = (quant or DEFAULT_QUANT).lower()
+    matching = [f for f in ggufs if tag in PurePosixPath(f).name.lower()]
+    if matching:
+        # of a split model, the first part (llama loads the others beside it)
+        firsts = [f for f in matching if "-00001-of-" in f] or matching
+        return firsts[0]
+    if quant is None:
+        return ggufs[0]
+    raise CheckpointNotFound(f"{hf_repo}: no .gguf file for quant {quant!r} (files: {', '.join(ggufs)})")
+
+
+def resolve_repo(hf_repo: str, hf_file: str | None, offline: bool) -> Path:
+    """The cache path of the model: a snapshot folder (safetensors) or one .gguf file in it."""
+    import huggingface_hub  # only -hf needs it; keeps -m startups lean
+
+    repo, quant = split_repo(hf_repo)
+    where = " (offline)" if offline else ""
+    try:
+        if not offline and (quant or hf_file):
+            name = hf_file or choose_file(huggingface_hub.list_repo_files(repo), quant, hf_repo)
+            return Path(huggingface_hub.hf_hub_download(repo, name))
+        folder = Path(huggingface_hub.snapshot_download(repo, local_files_only=offline))
+    except CheckpointNotFound:
+        raise
+    except Exception as exc:  # the hub library raises many unrelated types
+        raise CheckpointNotFound(f"{hf_repo}: could not be resolved through the Hugging Face cache{where}: "
+                                 f"{exc}") from exc
+    if hf_file:
+        path = folder / hf_file
+        if not path.is_file():
+            raise CheckpointNotFound(f"{hf_repo}: --hf-file {hf_file!r} is not in the cached repository{where}")
+        return path
+    if quant is None and (folder / "config.json").is_file():
+        return folder
+    files = [p.relative_to(folder).as_posix() for p in folder.rglob("*.gguf")]
+    return folder / choose_file(files, quant, hf_repo)

@@ -1,0 +1,98 @@
+"""Load a GGUF Checkpoint into its family's module: tensor names mapped to checkpoint keys, dequantized,
+then the family's own sanitize() and a strict load, as for safetensors."""
+from __future__ import annotations
+
+import importlib
+import logging
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+from mlx.utils import tree_flatten
+
+from engine.checkpoint import Checkpoint
+from engine.errors import UnsupportedCheckpoint
+from engine.gguf.arch import for_architecture
+from engine.gguf.head import RankHead
+from engine.gguf.reader import GGUFFile
+from engine.types import Pooling
+
+log = logging.getLogger(__name__)
+
+# llama_ftype_name for general.file_type (the names /props and /v1/models report)
+FTYPE_NAMES = {0: "all F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K - Medium",
+               11: "Q3_K - Small", 12: "Q3_K - Medium", 13: "Q3_K - Large", 14: "Q4_K - Small",
+               15: "Q4_K - Medium", 16: "Q5_K - Small", 17: "Q5_K - Medium", 18: "Q6_K", 32: "BF16"}
+
+
+def is_reranker(gguf: GGUFFile) -> bool:
+    """A file with llama.cpp's classifier output: served with --reranking."""
+    return "cls.output.weight" in gguf.tensors
+
+
+def ftype(gguf: GGUFFile) -> str:
+    value = gguf.metadata.get("general.file_type")
+    if value is None:
+        return "(guessed) unknown"
+    return FTYPE_NAMES.get(int(value), f"file_type {value}")
+
+
+def tensor(gguf: GGUFFile, name: str) -> mx.array:
+    """One tensor as an MLX float array (block formats dequantized to float32)."""
+    values = gguf.array(name)
+    if gguf.tensors[name].type_name == "BF16":
+        return mx.array(np.ascontiguousarray(values)).view(mx.bfloat16)
+    return mx.array(values)
+
+
+def build(checkpoint: Checkpoint) -> tuple[nn.Module, nn.Module, str]:
+    """(model, trunk, family name); the model is the trunk itself, or the rank head around it."""
+    gguf: GGUFFile = checkpoint.gguf
+    mapping = for_architecture(gguf.architecture, str(checkpoint.path))
+    family = importlib.import_module(f"engine.families.{mapping.FAMILY}")
+    trunk = family.Model(family.ModelArgs.from_dict(checkpoint.config))
+    trunk_weights, head_weights = {}, {}
+    for name in gguf.tensors:
+        hf_key = mapping.key(name)
+        if hf_key is not None:
+            weight = tensor(gguf, name)
+            if hasattr(mapping, "transform"):
+                weight = mapping.transform(name, weight, checkpoint.config)
+            trunk_weights[hf_key] = weight
+        elif RankHead.key(name) is not None:
+            head_weights[RankHead.key(name)] = tensor(gguf, name)
+        else:
+            raise UnsupportedCheckpoint(f"{checkpoint.path}: tensor {name!r} has no place in the "
+                                        f"{mapping.FAMILY} family (GGUF architecture {gguf.architecture!r})")
+    model: nn.Module = trunk
+    weights = {k: v for k, v in trunk.sanitize(trunk_weights).items()}
+    if is_reranker(gguf):
+        hidden = int(checkpoint.config["hidden_size"])
+        n_out = head_weights["cls_output.bias"].shape[0] if "cls_output.bias" in head_weights else \
+            head_weights["cls_output.weight"].size // hidden
+        model = RankHead(trunk, hidden, n_out, dense="cls.weight" in head_weights,
+                         pooling=Pooling.LAST if mapping.CAUSAL else Pooling.CLS,
+                         softmax=gguf.architecture == "qwen3")
+        weights = {**{f"trunk.{k}": v for k, v in weights.items()}, **head_weights}
+        if mapping.FAMILY == "bert":
+            log.warning("%s: a BERT cross-encoder converted by llama.cpp has no pooler and no token types; it is "
+                        "scored as llama-server scores it (classifier on the [CLS] state), which cannot reproduce "
+                        "the original checkpoint's scores", checkpoint.path)
+    # ggml drops trailing dimensions of size 1 (a one-label classifier is stored as a vector): restore them
+    expected = dict(tree_flatten(model.parameters()))
+    weights = {k: v.reshape(expected[k].shape) if k in expected and v.shape != expected[k].shape
+               and v.size == expected[k].size else v for k, v in weights.items()}
+    # Half-precision matmuls are slow on CPU and fp32 is what the reference computes: run in fp32.
+    weights = {k: v.astype(mx.float32) if mx.issubdtype(v.dtype, mx.floating) else v for k, v in weights.items()}
+    try:
+        model.load_weights(list(weights.items()), strict=True)
+    except ValueError as exc:
+        raise UnsupportedCheckpoint(f"{checkpoint.path}: tensors do not match the {mapping.FAMILY} family: "
+                                    f"{exc}") from exc
+    mx.eval(model.parameters())
+    return model, trunk, mapping.FAMILY
+
+
+def file_counts(gguf: GGUFFile) -> tuple[int, int]:
+    """(n_params, size in bytes) as llama.cpp counts them: every tensor of the file."""
+    return (sum(t.n_elements for t in gguf.tensors.values()), sum(t.nbytes for t in gguf.tensors.values()))

@@ -1,0 +1,183 @@
+"""A `tokenizers.Tokenizer` built from a GGUF's `tokenizer.ggml.*` metadata, tokenizing as llama.cpp does
+(llama-vocab.cpp's defaults for add_bos/add_eos/add_sep, its pre-tokenizer regexes, its WordPiece vocabulary
+with phantom spaces), so that ids equal llama-server's /tokenize on the same file."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+
+from engine.errors import UnsupportedCheckpoint
+
+# llama_token_type: which tokens are matched in text (CONTROL/UNKNOWN only when parsing special tokens).
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+PHANTOM_SPACE = "\u2581"
+
+_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+_LLAMA3 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+           r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+          r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_DEFAULT = (r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", r"[0-9][0-9][0-9]")
+
+
+@dataclass(frozen=True)
+class _PreType:
+    regexes: tuple[str, ...]
+    add_bos: bool = False  # llama's default before the file's own add_bos_token
+    add_sep: bool = False
+    ignore_merges: bool = False
+
+
+# tokenizer.ggml.pre -> llama.cpp's pre-tokenizer (the BPE names embedding and reranking GGUFs use).
+_BPE_PRE: dict[str, _PreType] = {
+    **dict.fromkeys(("default",), _PreType(_DEFAULT)),
+    **dict.fromkeys(("llama3", "llama-v3", "llama-bpe", "falcon3", "jina-v5-nano"),
+                    _PreType((_LLAMA3,), add_bos=True, ignore_merges=True)),
+    **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "megrez", "stablelm2", "f2llmv2"), _PreType((_QWEN2,))),
+    **dict.fromkeys(("gpt-2", "phi-2", "jina-es", "jina-de", "jina-v2-es", "jina-v2-de", "modern-bert", "mpt",
+                     "olmo", "exaone4"), _PreType((_GPT2,))),
+    **dict.fromkeys(("jina-v1-en", "jina-v2-code", "roberta-bpe"), _PreType((_GPT2,), add_sep=True)),
+    **dict.fromkeys(("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b"),
+                    _PreType((r"\p{N}", _GPT2))),
+}
+
+
+@dataclass(frozen=True)
+class SpecialRules:
+    """llama.cpp's add-special flags and ids for one file."""
+
+    add_bos: bool
+    add_eos: bool
+    add_sep: bool
+    bos_id: int | None
+    eos_id: int | None
+    sep_id: int | None
+    pad_id: int | None
+    unk_id: int | None
+
+
+def build(meta: dict[str, Any], source: str) -> tuple[Tokenizer, SpecialRules]:
+    """The tokenizer of a GGUF file's metadata; `source` names the file in errors."""
+    model = meta.get("tokenizer.ggml.model")
+    tokens: list[str] = meta.get("tokenizer.ggml.tokens") or []
+    if not tokens:
+        raise UnsupportedCheckpoint(f"{source}: no tokenizer.ggml.tokens: the file has no vocabulary")
+    types = [int(t) for t in meta.get("tokenizer.ggml.token_type", [NORMAL] * len(tokens))]
+    if model == "bert":
+        tok, rules = _wordpiece(meta, tokens, types)
+    elif model == "gpt2":
+        tok, rules = _byte_level_bpe(meta, tokens, types, source)
+    else:
+        raise UnsupportedCheckpoint(f"{source}: tokenizer model {model!r} is not supported "
+                                    f"(supported: bert (WordPiece), gpt2 (byte-level BPE))")
+    _add_specials(tok, tokens, types)
+    tok.post_processor = _template(rules, tokens, model == "bert")
+    return tok, rules
+
+
+def _flag(meta: dict[str, Any], name: str, default: bool) -> bool:
+    value = meta.get(f"tokenizer.ggml.{name}")
+    return default if value is None else bool(value)
+
+
+def _token_id(meta: dict[str, Any], key: str, default: int | None, n_tokens: int) -> int | None:
+    value = meta.get(f"tokenizer.ggml.{key}")
+    if value is not None and 0 <= int(value) < n_tokens:
+        return int(value)
+    return default if default is not None and default < n_tokens else None
+
+
+def _rules(meta: dict[str, Any], n_tokens: int, defaults: dict[str, Any]) -> SpecialRules:
+    return SpecialRules(
+        add_bos=_flag(meta, "add_bos_token", defaults["add_bos"]),
+        add_eos=_flag(meta, "add_eos_token", defaults["add_eos"]),
+        add_sep=_flag(meta, "add_sep_token", defaults["add_sep"]),
+        bos_id=_token_id(meta, "bos_token_id", defaults["bos"], n_tokens),
+        eos_id=_token_id(meta, "eos_token_id", defaults["eos"], n_tokens),
+        # the converter's spelling of the key
+        sep_id=_token_id(meta, "seperator_token_id", defaults["sep"], n_tokens),
+        pad_id=_token_id(meta, "padding_token_id", defaults["pad"], n_tokens),
+        unk_id=_token_id(meta, "unknown_token_id", defaults["unk"], n_tokens),
+    )
+
+
+def _wordpiece(meta: dict[str, Any], tokens: list[str], types: list[int]) -> tuple[Tokenizer, SpecialRules]:
+    # The converter stores word starts with a phantom space and continuations bare (`##x` -> `x`).
+    vocab = {}
+    for i, (text, kind) in enumerate(zip(tokens, types)):
+        if kind in (CONTROL, UNKNOWN):
+            word = text
+        elif text.startswith(PHANTOM_SPACE):
+            word = text[1:]
+        else:
+            word = "##" + text
+        vocab.setdefault(word, i)
+    rules = _rules(meta, len(tokens), {"add_bos": True, "add_eos": False, "add_sep": True, "bos": 101,
+                                       "eos": None, "sep": 102, "pad": 0, "unk": 100})
+    unk = tokens[rules.unk_id] if rules.unk_id is not None else "[UNK]"
+    # llama's WPM has no per-word length limit
+    tok = Tokenizer(models.WordPiece(vocab, unk_token=unk, max_input_chars_per_word=1_000_000))
+    lowercase = _flag(meta, "normalizer.lowercase", True)
+    strip_accents = _flag(meta, "normalizer.strip_accents", lowercase)
+    tok.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True,
+                                                strip_accents=strip_accents, lowercase=lowercase)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()
+    return tok, rules
+
+
+def _byte_level_bpe(meta: dict[str, Any], tokens: list[str], types: list[int],
+                    source: str) -> tuple[Tokenizer, SpecialRules]:
+    pre_name = str(meta.get("tokenizer.ggml.pre") or "default")
+    pre = _BPE_PRE.get(pre_name)
+    if pre is None:
+        raise UnsupportedCheckpoint(f"{source}: BPE pre-tokenizer {pre_name!r} is not supported "
+                                    f"(supported: {', '.join(sorted(_BPE_PRE))})")
+    merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
+    vocab = {text: i for i, text in enumerate(tokens)}
+    tok = Tokenizer(models.BPE(vocab, merges, ignore_merges=pre.ignore_merges))
+    splits = [pre_tokenizers.Split(Regex(rx), behavior="isolated") for rx in pre.regexes]
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [*splits, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    rules = _rules(meta, len(tokens), {"add_bos": pre.add_bos, "add_eos": False, "add_sep": pre.add_sep,
+                                       "bos": 11, "eos": 11, "sep": None, "pad": None, "unk": None})
+    return tok, rules
+
+
+def _add_specials(tok: Tokenizer, tokens: list[str], types: list[int]) -> None:
+    """Control tokens are matched in text only when parsing special tokens; user-defined ones always."""
+    specials = [AddedToken(t, special=True, normalized=False) for t, k in zip(tokens, types) if k in (CONTROL, UNKNOWN)]
+    users = [AddedToken(t, special=False, normalized=False) for t, k in zip(tokens, types) if k == USER_DEFINED]
+    tok.add_special_tokens(specials)
+    tok.add_tokens(users)
+
+
+def _template(rules: SpecialRules, tokens: list[str], wordpiece: bool) -> processors.TemplateProcessing:
+    """add_special as llama.cpp: WPM always [BOS] text [SEP]; others BOS/EOS by flag. Pairs are llama-server's
+    rerank prompt: [BOS] query [EOS] [SEP] document [EOS], each by its flag; every token type 0."""
+    def piece(token_id: int | None, wanted: bool) -> list[str]:
+        return [tokens[token_id]] if wanted and token_id is not None else []
+
+    if wordpiece:
+        single = [*piece(rules.bos_id, True), "$A:0", *piece(rules.sep_id, True)]
+    else:
+        single = [*piece(rules.bos_id, rules.add_bos), "$A:0", *piece(rules.eos_id, rules.add_eos)]
+    eos = rules.eos_id if rules.eos_id is not None else rules.sep_id
+    pair = [*piece(rules.bos_id, rules.add_bos), "$A:0", *piece(eos, rules.add_eos), *piece(rules.sep_id, rules.add_sep),
+            "$B:0", *piece(eos, rules.add_eos)]
+    used = {t for t in (*single, *pair) if not t.startswith("$")}
+    ids = {text: tokens.index(text) for text in used}
+    return processors.TemplateProcessing(single=[_tmpl(t) for t in single], pair=[_tmpl(t) for t in pair],
+                                         special_tokens=[(text, i) for text, i in ids.items()])
+
+
+def _tmpl(item: str) -> str:
+    return item if item.startswith("$") else f"{item}:0"
+
+
+def describe(tok: Tokenizer) -> dict[str, Any]:
+    return json.loads(tok.to_str())

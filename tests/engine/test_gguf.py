@@ -1,0 +1,107 @@
+"""GGUF files made by llama.cpp's converter, served by the engine: token ids, vectors and scores against
+llama-server's answers on the same files (NAME.llama-server.json) and against the safetensors originals."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine import Pooling
+from engine.errors import CheckpointNotFound, UnsupportedCheckpoint
+from engine.checkpoint import Checkpoint
+from engine.gguf.reader import GGUFFile
+from engine.gguf.tokenizer import GGUFTokenizer
+from tests.conftest import gguf_fixture, minilm_dir, smollm2_gguf
+from tests.engine.helpers import cosine, start_engine
+
+
+def llama_answers(name: str) -> dict:
+    return json.loads(gguf_fixture(f"{name}.llama-server.json").read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="module")
+def minilm_f16():
+    eng = start_engine(gguf_fixture("minilm-f16.gguf"))
+    yield eng
+    eng.close(wait=True)
+
+
+@pytest.mark.parametrize("name", ["minilm-f16", "minilm-q4_0", "bert-tiny-ce-distilled-f32",
+                                  "bert-tiny-ce-distilled-q8_0", "tiny-random-qwen3-last-f16",
+                                  "SmolLM2-135M-Instruct.Q4_1"])
+def test_token_ids_equal_llama_server(name):
+    path = smollm2_gguf() if name.startswith("SmolLM2") else gguf_fixture(f"{name}.gguf")
+    # the tokenizer alone: SmolLM2's llama architecture needs the llama family, not its vocabulary
+    tok = GGUFTokenizer(Checkpoint(path=path, config={}, gguf=GGUFFile(path)))
+    answers = llama_answers(name)
+    ours = [tok.encode_prompt([s]) for s in answers["sentences"]]
+    assert ours == answers["tokenize"]["ids"]
+    assert [tok.pieces(ids) for ids in ours] == answers["tokenize"]["pieces"]
+
+
+def test_minilm_f16_vectors_equal_llama_server_and_the_original(minilm_f16):
+    answers = llama_answers("minilm-f16")
+    ids = [minilm_f16.encode_prompt([s]) for s in answers["sentences"]]
+    ours = minilm_f16.embed(ids).vectors
+    assert min(cosine(a, b) for a, b in zip(ours, answers["embeddings"]["vectors"])) >= 0.9999
+    from sentence_transformers import SentenceTransformer
+
+    original = SentenceTransformer(str(minilm_dir()), device="cpu").encode(answers["sentences"])
+    assert min(cosine(a, b) for a, b in zip(ours, original)) >= 0.9999
+
+
+def test_minilm_identity_is_read_from_the_file(minilm_f16):
+    info = minilm_f16.info
+    assert info.path == str(gguf_fixture("minilm-f16.gguf"))  # -m as given
+    assert (info.ftype, info.file_format, info.n_embd, info.n_ctx_train, info.n_vocab) == ("F16", "gguf", 384, 512,
+                                                                                            30522)
+    assert info.pooling is Pooling.MEAN  # bert.pooling_type
+    assert (info.bos_token, info.eos_token) == ("[CLS]", "[SEP]")
+    # llama.cpp counts every tensor of the file: elements and stored bytes
+    assert info.n_params == 22565376 and info.size_bytes == 45586944
+
+
+@pytest.mark.parametrize("name, floor", [("minilm-q4_0", 0.99), ("tiny-random-qwen3-last-f16", 0.9999),
+                                         ("SmolLM2-135M-Instruct.Q4_1", 0.99)])
+def test_vectors_equal_llama_server(name, floor):
+    answers = llama_answers(name)
+    if name.startswith("SmolLM2"):  # no pooling_type in the file: llama-server ran it with --pooling mean
+        eng = start_engine(smollm2_gguf(), pooling=Pooling.MEAN, max_seq=64)
+    else:
+        eng = start_engine(gguf_fixture(f"{name}.gguf"))
+    try:
+        ids = [eng.encode_prompt([s]) for s in answers["sentences"]]
+        ours = eng.embed(ids).vectors
+    finally:
+        eng.close(wait=True)
+    assert min(cosine(a, b) for a, b in zip(ours, answers["embeddings"]["vectors"])) >= floor
+
+
+# Q8_0: llama.cpp also rounds the activations to 8 bits before each quantized matmul; we multiply fp32
+# activations by the dequantized weights, so its scores sit a few 1e-3 away (measured 5.5e-3 at most).
+@pytest.mark.parametrize("name, atol", [("bert-tiny-ce-distilled-f32", 1e-3), ("bert-tiny-ce-distilled-q8_0", 1e-2)])
+def test_rerank_scores_equal_llama_server(name, atol):
+    answers = llama_answers(name)["rerank"]
+    eng = start_engine(gguf_fixture(f"{name}.gguf"), pooling=Pooling.RANK)
+    try:
+        assert eng.info.kind == "cross-encoder"
+        for result in answers["results"]:
+            scores = eng.rerank(result["query"], answers["documents"]).scores
+            np.testing.assert_allclose(scores, result["scores"], atol=atol)
+            assert np.argsort(scores).tolist() == np.argsort(result["scores"]).tolist()
+    finally:
+        eng.close(wait=True)
+
+
+def test_a_reranker_file_needs_rank_mode():
+    with pytest.raises(UnsupportedCheckpoint, match="--reranking"):
+        start_engine(gguf_fixture("bert-tiny-ce-distilled-q8_0.gguf"))
+
+
+def test_a_file_that_is_not_gguf_is_refused(tmp_path: Path):
+    bogus = tmp_path / "model.gguf"
+    bogus.write_bytes(b"not a gguf file")
+    with pytest.raises(CheckpointNotFound, match="not GGUF"):
+        start_engine(bogus)
