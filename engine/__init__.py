@@ -9,7 +9,7 @@ blas.bind()
 from engine import errors  # noqa: E402
 from engine.checkpoint import default_model  # noqa: E402
 from engine.normalize import normalize_embedding  # noqa: E402
-from engine.prompts import text_formatter  # noqa: E402
+from engine.offline import Encoder, Reranker  # noqa: E402
 from engine.residency import Lease, Residency  # noqa: E402
 from engine.service import Engine  # noqa: E402
 from engine.types import (  # noqa: E402
@@ -26,6 +26,6 @@ from engine.types import (  # noqa: E402
                           VocabType,
 )
 
-__all__ = ["DEFAULT_MODEL_NAME", "EmbedResult", "Engine", "EngineOptions", "ImageInput", "Lease", "ModelInfo",
-           "ModelState", "Pooling", "RerankResult", "Residency", "ResidencyStatus", "Timings", "VocabType", "default_model",
-           "errors", "normalize_embedding", "text_formatter"]
+__all__ = ["DEFAULT_MODEL_NAME", "EmbedResult", "Encoder", "Engine", "EngineOptions", "ImageInput", "Lease",
+           "ModelInfo", "ModelState", "Pooling", "RerankResult", "Reranker", "Residency", "ResidencyStatus", "Timings",
+           "VocabType", "default_model", "errors", "normalize_embedding"]

@@ -16,7 +16,7 @@ log = logging.getLogger(__name__)
 # sentence-transformers module types we understand, by their last dotted name. Checkpoints spell the full
 # path in several historical ways (models.Pooling, sentence_transformers.base.modules.…); only the class
 # name matters, and it is data: we never import what a checkpoint names.
-_KNOWN_MODULES = {"Transformer", "Pooling", "Normalize"}
+_KNOWN_MODULES = {"Transformer", "Pooling", "Normalize", "Dense"}
 
 # 1_Pooling modes we implement, in both key styles.
 _POOLING_NAMES = {"cls": Pooling.CLS, "mean": Pooling.MEAN, "max": Pooling.MAX, "lasttoken": Pooling.LAST}
@@ -44,6 +44,11 @@ class Checkpoint:
     # config_sentence_transformers.json: named prompts prepended to texts, and the one used by default
     prompts: dict[str, str] = field(default_factory=dict)
     default_prompt_name: str | None = None
+    # sentence_bert_config.json (sentence-transformers >= 6): a "message" modality means texts are sent as chat
+    # messages through the tokenizer's chat template; processing_kwargs["chat_template"] are its render options
+    message_modality: dict[str, Any] | None = None
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    dense_folders: tuple[Path, ...] = ()  # modules.json Dense modules (2_Dense, 3_Dense, ...), in order
     gguf: Any = None  # a GGUF file (engine.gguf.reader.GGUFFile); config above is derived from its metadata
     label: str = ""  # the path as the user gave it (llama-server reports -m as typed)
 
@@ -119,6 +124,8 @@ def read(path: Path, label: str = "") -> Checkpoint:
     module_types = _read_module_types(path)
     pooling = _read_pooling(path / "1_Pooling" / "config.json")
     prompts, default_prompt_name = _read_prompts(path / "config_sentence_transformers.json")
+    sbert = _read_json_optional(path / "sentence_bert_config.json")
+    message = (sbert.get("modality_config") or {}).get("message")
     return Checkpoint(
         path=path,
         config=config,
@@ -129,6 +136,9 @@ def read(path: Path, label: str = "") -> Checkpoint:
         max_seq_length=_read_max_seq_length(path, tokenizer_config),
         prompts=prompts,
         default_prompt_name=default_prompt_name,
+        message_modality=message if isinstance(message, dict) else None,
+        chat_template_kwargs=dict((sbert.get("processing_kwargs") or {}).get("chat_template") or {}),
+        dense_folders=_read_dense_folders(path),
     )
 
 
@@ -159,6 +169,14 @@ def _read_module_types(path: Path) -> tuple[str, ...]:
         # A listed folder may be absent (MiniLM lists a 2_Normalize folder it does not ship): fine.
         names.append(name)
     return tuple(names)
+
+
+def _read_dense_folders(path: Path) -> tuple[Path, ...]:
+    modules_file = path / "modules.json"
+    if not modules_file.is_file():
+        return ()
+    modules = json.loads(modules_file.read_text(encoding="utf-8"))
+    return tuple(path / str(m.get("path", "")) for m in modules if str(m.get("type", "")).endswith(".Dense"))
 
 
 def _read_pooling(path: Path) -> Pooling | None:

@@ -8,6 +8,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from engine.errors import UnsupportedCheckpoint
 from engine.pooling import pool
 from engine.types import Pooling
 
@@ -35,9 +36,15 @@ def _started(out: mx.array) -> mx.array:
 
 
 class EmbeddingPipeline(Pipeline):
-    def __init__(self, model: nn.Module, pooling: Pooling):
+    """projection: the checkpoint's Dense modules, applied to the pooled vector (engine/heads.py)."""
+
+    def __init__(self, model: nn.Module, pooling: Pooling, projection: nn.Module | None = None):
+        if projection is not None and pooling is Pooling.NONE:
+            raise UnsupportedCheckpoint("pooling 'none' is not supported for a checkpoint with Dense modules "
+                                        "(they project the pooled vector)")
         self.model = model
         self.pooling = pooling
+        self.projection = projection
 
     def launch(self, ids: np.ndarray, mask: np.ndarray, type_ids: np.ndarray, lengths: list[int]) -> Collect:
         """[B, W] right-padded -> one float32 vector [D] per row ([n_i, D] for pooling none)."""
@@ -49,7 +56,10 @@ class EmbeddingPipeline(Pipeline):
         if self.pooling is Pooling.NONE:
             tokens = _started(hidden.astype(mx.float32))
             return lambda: [row[:n] for row, n in zip(np.array(tokens), lengths)]
-        pooled = _started(pool(hidden, mask_mx, self.pooling))
+        pooled = pool(hidden, mask_mx, self.pooling)
+        if self.projection is not None:
+            pooled = self.projection(pooled).astype(mx.float32)
+        pooled = _started(pooled)
         return lambda: list(np.array(pooled))
 
 

@@ -3,7 +3,7 @@ Embedding models: sentence-transformers' named prompts and the instruction templ
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,12 +98,24 @@ def default_prompt_name(checkpoint: Checkpoint, chosen: str | None) -> str | Non
     return chosen
 
 
-def text_formatter(info: ModelInfo, prompt_name: str | None, instruction: str | None) -> Callable[[str], str]:
-    """How one request's texts are turned into what the model embeds.
+@dataclass(frozen=True)
+class PromptChoice:
+    """What one request asked for: a named prompt's text (prepended, or the system message of chat-templated
+    inputs), or a filled instruction template; both None: texts embed verbatim."""
 
-    `instruction` fills the family's template; else `prompt_name` (or the default prompt) is prepended, as
-    sentence-transformers' encode(prompt_name=...) does; else texts embed verbatim.
-    """
+    prefix: str | None = None
+    instruction: Callable[[str], str] | None = None
+
+    def apply(self, text: str) -> str:
+        if self.instruction is not None:
+            return self.instruction(text)
+        return (self.prefix or "") + text
+
+
+def choose_prompt(info: ModelInfo, prompt_name: str | None, instruction: str | None) -> PromptChoice:
+    """`instruction` fills the family's template; else `prompt_name` (or the default prompt) applies, as
+    sentence-transformers' encode(prompt_name=...) does; unknown names and unsupported instructions are
+    InvalidInput naming what the model has."""
     known = ", ".join(name for name, _ in info.prompts) or "none: the model defines no prompts"
     if instruction is not None:
         if prompt_name is not None:
@@ -115,12 +127,24 @@ def text_formatter(info: ModelInfo, prompt_name: str | None, instruction: str | 
                                f"({', '.join(sorted(INSTRUCTION_TEMPLATES))} embedding models); "
                                f"use 'prompt_name' (known: {known})")
         template = info.instruction_template
-        return lambda text: template.format(task=instruction, text=text)
+        return PromptChoice(instruction=lambda text: template.format(task=instruction, text=text))
     name = prompt_name if prompt_name is not None else info.default_prompt_name
     if name is None:
-        return lambda text: text
+        return PromptChoice()
     prompts = dict(info.prompts)
     if name not in prompts:
         raise InvalidInput(f"prompt_name {name!r} is not one of this model's prompts (known: {known})")
-    prefix = prompts[name]
-    return lambda text: prefix + text
+    return PromptChoice(prefix=prompts[name])
+
+
+def is_text(prompt: Sequence[str | int]) -> bool:
+    """A prompt given as text alone: the only kind a prompt or an instruction applies to (token ids and mixed
+    text/token prompts embed exactly as given)."""
+    return len(prompt) == 1 and isinstance(prompt[0], str)
+
+
+def format_prompts(info: ModelInfo, prompts: Sequence[Sequence[str | int]], prompt_name: str | None = None,
+                   instruction: str | None = None) -> list[list[str | int]]:
+    """The request's prompts with its prompt or instruction applied to the text ones."""
+    choice = choose_prompt(info, prompt_name, instruction)
+    return [[choice.apply(prompt[0])] if is_text(prompt) else list(prompt) for prompt in prompts]

@@ -7,8 +7,8 @@ from types import ModuleType
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten
 
+from engine import heads, weights
 from engine.checkpoint import Checkpoint
 from engine.errors import UnsupportedCheckpoint
 from engine.types import Pooling
@@ -16,6 +16,11 @@ from engine.types import Pooling
 # config.json spellings that differ from our file names.
 MODEL_TYPE_ALIASES = {"xlm-roberta": "xlm_roberta", "siglip_text_model": "siglip", "mistral": "llama",
                       "llama_bidirec": "llama", "new": "gte"}
+
+# transformers' names for architectures whose published checkpoints spell them otherwise.
+ARCHITECTURE_ALIASES = {"GteModel": "NewModel", "GteForMaskedLM": "NewForMaskedLM",
+                        "GteForTokenClassification": "NewForTokenClassification",
+                        "GteForSequenceClassification": "NewForSequenceClassification"}
 
 # What each family file serves, by architectures[0] ("" = a config without architectures).
 EMBEDDERS = {
@@ -26,10 +31,10 @@ EMBEDDERS = {
     "llama": {"", "LlamaModel", "LlamaForCausalLM", "LlamaBidirectionalModel", "MistralModel", "MistralForCausalLM"},
     "qwen2": {"", "Qwen2Model", "Qwen2ForCausalLM"},
     "qwen3": {"", "Qwen3Model", "Qwen3ForCausalLM"},
+    "gemma3_text": {"", "Gemma3TextModel", "Gemma3ForCausalLM"},
     "nomic_bert": {"", "NomicBertModel", "NomicBertForPreTraining"},
     # gte-multilingual-base ships as NewForTokenClassification (its sparse-weight head); the trunk embeds
-    "gte": {"", "NewModel", "GteModel", "NewForMaskedLM", "GteForMaskedLM", "NewForTokenClassification",
-            "GteForTokenClassification"},
+    "gte": {"", "NewModel", "NewForMaskedLM", "NewForTokenClassification"},
     "siglip": {"", "SiglipModel", "SiglipTextModel"},
 }
 CROSS_ENCODERS = {
@@ -51,12 +56,10 @@ FAMILY_DEFAULT_POOLING["siglip"] = Pooling.LAST  # reported only: the towers poo
 # Decoder backbones without 1_Pooling: a bidirectional embedding export (LLM2Vec, EmbeddingGemma) mean-pools,
 # a bare Qwen3Model export is Qwen3-Embedding (last token); any other decoder gets what llama-server gives a
 # decoder GGUF without a pooling type: none (one vector per token; --pooling picks another).
-DECODER_FAMILIES = {"llama", "qwen2", "qwen3"}
+DECODER_FAMILIES = {"llama", "qwen2", "qwen3", "gemma3_text"}
 ARCHITECTURE_DEFAULT_POOLING = {"Qwen3Model": Pooling.LAST}
 
 EMBEDDER, CROSS_ENCODER, GENERATIVE_RERANKER = "embedder", "cross-encoder", "generative-reranker"
-
-_FTYPES = {mx.float32: "F32", mx.float16: "F16", mx.bfloat16: "BF16"}
 
 
 @dataclass
@@ -73,6 +76,7 @@ class LoadedModel:
     fixed_width: int | None = None  # every row padded to this width (families trained on one width)
     image_size: int | None = None  # the square image side a vision tower takes; None: text only
     image_tokens: int = 0  # what one image counts as (its patches)
+    projection: heads.Projection | None = None  # Dense modules applied after pooling
 
 
 def family_name(checkpoint: Checkpoint) -> str:
@@ -90,12 +94,21 @@ def kind_of(checkpoint: Checkpoint, rank: bool = False) -> str:
 
         return CROSS_ENCODER if is_reranker(checkpoint.gguf) else EMBEDDER
     name, arch = family_name(checkpoint), checkpoint.architecture
+    arch = ARCHITECTURE_ALIASES.get(arch, arch)
     if CROSS_ENCODERS.get(name) == arch:
         return CROSS_ENCODER
-    if GENERATIVE_RERANKERS.get(name) == arch and (rank or arch not in EMBEDDERS.get(name, ())):
+    # A sentence-transformers pooling layout (1_Pooling, a Pooling module) marks an embedding export, such as
+    # Qwen3-Embedding's Qwen3ForCausalLM: never a yes/no reranker, whatever the mode.
+    pooled_export = checkpoint.pooling is not None or "Pooling" in checkpoint.module_types
+    if GENERATIVE_RERANKERS.get(name) == arch and ((rank and not pooled_export) or arch not in EMBEDDERS.get(name, ())):
         return GENERATIVE_RERANKER
     if arch in EMBEDDERS.get(name, ()):
         return EMBEDDER
+    if arch.endswith("ForSequenceClassification"):
+        with_heads = ", ".join(sorted(CROSS_ENCODERS.values()))
+        raise UnsupportedCheckpoint(
+            f"{checkpoint.path}: {arch} is a sequence classifier: it is never served as an embedding model, and "
+            f"only these are served as cross-encoders (--reranking): {with_heads}")
     served = sorted({*EMBEDDERS, *CROSS_ENCODERS, *GENERATIVE_RERANKERS})
     if name not in served:
         raise UnsupportedCheckpoint(
@@ -107,10 +120,11 @@ def kind_of(checkpoint: Checkpoint, rank: bool = False) -> str:
                                 f"is not supported (supported: {', '.join(archs)})")
 
 
-def load(checkpoint: Checkpoint, kind: str | None = None) -> LoadedModel:
+def load(checkpoint: Checkpoint, kind: str | None = None, dtype: str = "auto") -> LoadedModel:
     """Build the family's module for this checkpoint and load its weights (strict: every key must match).
 
-    kind: what kind_of() decided for the server's mode (default: its embedding-mode answer).
+    kind: what kind_of() decided for the server's mode (default: its embedding-mode answer). dtype: the
+    compute dtype (auto: float32 on a CPU, the checkpoint's own on a GPU; see engine/weights.py).
     """
     kind = kind or kind_of(checkpoint)
     if checkpoint.gguf is not None:
@@ -118,9 +132,11 @@ def load(checkpoint: Checkpoint, kind: str | None = None) -> LoadedModel:
     name = family_name(checkpoint)
     family: ModuleType = importlib.import_module(f"engine.families.{name}")
     args = family.ModelArgs.from_dict(checkpoint.config)
+    quant = weights.quantization(checkpoint.config)
     raw: dict[str, mx.array] = {}
     for file in checkpoint.weight_files():
         raw.update(mx.load(str(file)))
+    projection = None
     if kind == GENERATIVE_RERANKER:
         model = trunk = family.CausalLM(args)
     elif kind == CROSS_ENCODER:
@@ -133,24 +149,27 @@ def load(checkpoint: Checkpoint, kind: str | None = None) -> LoadedModel:
         trunk = model.trunk
     else:
         model = trunk = family.Model(args)
-    weights = model.sanitize(raw)
-    dtypes = {w.dtype for w in weights.values() if mx.issubdtype(w.dtype, mx.floating)}
-    ftype = "/".join(sorted(_FTYPES.get(d, str(d)) for d in dtypes)) or "F32"
-    # Half-precision matmuls are slow on CPU and fp32 is what the reference computes: run in fp32.
-    weights = {k: (v.astype(mx.float32) if mx.issubdtype(v.dtype, mx.floating) else v) for k, v in weights.items()}
-    try:
-        model.load_weights(list(weights.items()), strict=True)
-    except ValueError as exc:
-        raise UnsupportedCheckpoint(f"{checkpoint.path}: weights do not match the {name} family: {exc}") from exc
-    mx.eval(model.parameters())
-    params = tree_flatten(model.parameters())
+        try:
+            projection, dense, raw = heads.split_projection(raw, checkpoint.dense_folders, trunk.hidden_size,
+                                                            quant.bits if quant else None)
+        except UnsupportedCheckpoint as exc:
+            raise UnsupportedCheckpoint(f"{checkpoint.path}: {exc}") from exc
+    tensors = model.sanitize(raw)
+    dtype_ = weights.compute_dtype(dtype, tensors)
+    what = f"{checkpoint.path} ({name} family)"
+    weights.materialize(model, tensors, quant, dtype_, what)
+    n_params, size_bytes = weights.size(model)
+    if projection is not None:
+        weights.materialize(projection, dense, quant, dtype_, f"{checkpoint.path} (Dense modules)")
+        extra_params, extra_bytes = weights.size(projection)
+        n_params, size_bytes = n_params + extra_params, size_bytes + extra_bytes
     return LoadedModel(
-        model=model, family=name, kind=kind,
-        n_params=sum(p.size for _, p in params), size_bytes=sum(p.nbytes for _, p in params), ftype=ftype,
+        model=model, family=name, kind=kind, n_params=n_params, size_bytes=size_bytes,
+        ftype=weights.ftype({**tensors, **(dense if projection is not None else {})}, quant),
         default_pooling=default_pooling(checkpoint),
-        n_positions=trunk.n_positions, hidden_size=trunk.hidden_size,
+        n_positions=trunk.n_positions, hidden_size=projection.out_dims if projection else trunk.hidden_size,
         fixed_width=getattr(trunk, "fixed_width", None), image_size=getattr(trunk, "image_size", None),
-        image_tokens=getattr(trunk, "image_tokens", 0),
+        image_tokens=getattr(trunk, "image_tokens", 0), projection=projection,
     )
 
 
@@ -158,11 +177,12 @@ def _load_gguf(checkpoint: Checkpoint, kind: str) -> LoadedModel:
     """A GGUF file: the same families, weights named by the file's map; identity counted as llama.cpp does."""
     from engine.gguf import load as gguf_load
 
-    model, trunk, name = gguf_load.build(checkpoint)
+    model, trunk, name, projection = gguf_load.build(checkpoint)
     n_params, size = gguf_load.file_counts(checkpoint.gguf)
     return LoadedModel(model=model, family=name, kind=kind, n_params=n_params, size_bytes=size,
                        ftype=gguf_load.ftype(checkpoint.gguf), default_pooling=Pooling.NONE,
-                       n_positions=trunk.n_positions, hidden_size=trunk.hidden_size)
+                       n_positions=trunk.n_positions,
+                       hidden_size=projection.out_dims if projection else trunk.hidden_size, projection=projection)
 
 
 def is_bidirectional(config: dict) -> bool:

@@ -9,48 +9,44 @@ from typing import Protocol
 class Waiting(Protocol):
     n_tokens: int
     seq: int  # arrival order
-    group: int  # only inputs of one group share a pass (0: texts, padded to buckets; else: images, unpadded)
+    group: int  # only inputs of one group share a pass (0: texts; 1: images, whose width is their patch count)
 
 
-MIN_WIDTH = 8
+MIN_WIDTH = 8  # the narrowest shape warmed at load
 
 
-def padded_width(n_tokens: int, max_seq: int | None = None, half_steps: bool = False) -> int:
-    """Rows are padded to the next power of two (at least 8), capped at max_seq: a handful of shapes,
-    all prepared at startup, serve every length. With half_steps, the midpoints between powers of two
-    (12, 24, 48, ...) are buckets too: at most a third of a row is padding instead of half."""
-    width = max(MIN_WIDTH, 1 << max(0, n_tokens - 1).bit_length())
-    if half_steps and width > MIN_WIDTH and n_tokens <= width * 3 // 4:
-        width = width * 3 // 4
-    return min(width, max_seq) if max_seq and n_tokens <= max_seq else width
-
-
-def width_buckets(max_seq: int, half_steps: bool = False, fixed_width: int = 0) -> list[int]:
-    """Every padded width an input of at most max_seq tokens can get (just fixed_width when rows are fixed)."""
+def warm_widths(max_seq: int, fixed_width: int = 0) -> list[int]:
+    """The row widths run once at load (to build the kernels and measure activation memory): powers of two
+    from MIN_WIDTH, and max_seq itself; just fixed_width when every row has that width. Batches are not padded
+    to these: a pass runs at the exact width of its longest input."""
     if fixed_width:
         return [fixed_width]
-    return sorted({padded_width(n, max_seq, half_steps) for n in range(1, max_seq + 1)})
+    widths = {max_seq}
+    width = MIN_WIDTH
+    while width < max_seq:
+        widths.add(width)
+        width *= 2
+    return sorted(widths)
 
 
 @dataclass(frozen=True)
 class BatchLimits:
-    max_tokens: int  # rows x padded width
+    max_tokens: int  # rows x width of one pass
     max_rows: int
-    max_seq: int | None = None  # the widest bucket (None before the model is known)
-    half_steps: bool = False  # buckets at 1.5x powers of two too
-    fixed_width: int = 0  # every row padded to this width (a family trained on one row width); 0 = buckets
+    max_seq: int | None = None  # the longest input (None before the model is known)
+    fixed_width: int = 0  # every row padded to this width (a family trained on one row width); 0 = exact
 
     def width(self, n_tokens: int) -> int:
-        if self.fixed_width:
-            return self.fixed_width
-        return padded_width(n_tokens, self.max_seq, self.half_steps)
+        """A pass's row width for its longest input: that input's own length (only real tokens are computed,
+        short of the length differences within the pass), or the family's fixed width."""
+        return self.fixed_width or n_tokens
 
 
 def next_batch(waiting: Sequence[Waiting], limits: BatchLimits) -> list[int]:
     """Indices (into `waiting`) of the next batch.
 
     The oldest input always goes in, so nothing starves. Neighbours in length order join it, nearest
-    length first, while rows x padded width stays within the token budget and the row cap. An input
+    length first, while rows x width (the longest one's length) stays within the token budget and the row cap. An input
     longer than the budget runs alone.
     """
     if not waiting:

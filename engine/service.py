@@ -24,9 +24,10 @@ from engine.pipeline import (
     EmbeddingPipeline,
     GenerativeRerankPipeline,
 )
-from engine.prompts import INSTRUCTION_TEMPLATES, RerankPrompt, default_prompt_name
+from engine.chat_inputs import ChatInputs
 from engine.images import ImageProcessor, InvalidImage
-from engine.scheduler import BatchLimits, width_buckets
+from engine.prompts import INSTRUCTION_TEMPLATES, RerankPrompt, choose_prompt, default_prompt_name, format_prompts, is_text
+from engine.scheduler import BatchLimits, warm_widths
 from engine.tokenize import TextTokenizer, open_tokenizer
 from engine.types import (
     EmbedResult,
@@ -51,6 +52,7 @@ class Engine:
         self._info: ModelInfo | None = None
         self._tokenizer: TextTokenizer | None = None
         self._prompt: RerankPrompt | None = None  # generative rerankers only
+        self._chat: ChatInputs | None = None  # embedders whose texts go through their chat template
         self._images: ImageProcessor | None = None  # models with a vision tower only
         self._in_flight = 0
         self._in_flight_lock = threading.Lock()
@@ -78,8 +80,10 @@ class Engine:
                 f"start it with --reranking")
         embedder = kind == registry.EMBEDDER
         prompt_default = default_prompt_name(ckpt, opts.default_prompt_name) if embedder else None
+        if embedder and ckpt.message_modality is not None:
+            self._chat = ChatInputs(ckpt)
         tokenizer = open_tokenizer(ckpt)
-        loaded = registry.load(ckpt, kind)
+        loaded = registry.load(ckpt, kind, opts.dtype)
         if kind == registry.GENERATIVE_RERANKER:
             mode = Pooling.RANK
             self._prompt = RerankPrompt(ckpt, fallback=f"{loaded.family}_reranker.jinja")
@@ -97,7 +101,7 @@ class Engine:
                 mode = loaded.default_pooling
             else:
                 mode = pooling.resolve(opts.pooling, ckpt.pooling, loaded.default_pooling)
-            runner = EmbeddingPipeline(loaded.model, mode)
+            runner = EmbeddingPipeline(loaded.model, mode, loaded.projection)
             if loaded.image_size:
                 self._images = ImageProcessor.from_checkpoint(ckpt.path, loaded.image_size)
                 side = loaded.image_size  # run the vision tower once now, so no request compiles it
@@ -108,7 +112,7 @@ class Engine:
         if opts.max_seq > 0:
             max_input = min(max_input, opts.max_seq)
         fitted = shapes.prepare(runner, tokenizer.pad_id, max_input, opts.max_batch_tokens, opts.max_batch_rows,
-                                opts.half_step_widths, loaded.fixed_width or 0)
+                                loaded.fixed_width or 0)
         self._tokenizer = tokenizer
         self._info = ModelInfo(
             path=ckpt.display_path, model_type=ckpt.model_type, architecture=ckpt.architecture,
@@ -118,11 +122,11 @@ class Engine:
             truncate_tokens=limits.truncation_length(ckpt.max_seq_length, n_positions, fitted.max_seq),
             slot_ctx=slot_ctx, n_slots=n_slots, bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token,
             kind=loaded.kind, family=loaded.family, batch_tokens=fitted.max_tokens, batch_rows=fitted.max_rows,
-            widths=tuple(width_buckets(fitted.max_seq, fitted.half_steps, fitted.fixed_width)),
+            widths=tuple(warm_widths(fitted.max_seq, fitted.fixed_width)),
             prompts=tuple(ckpt.prompts.items()) if embedder else (), default_prompt_name=prompt_default,
             instruction_template=INSTRUCTION_TEMPLATES.get(ckpt.model_type) if embedder else None,
-            modalities=("text", "image") if self._images is not None else ("text",),
-            image_tokens=loaded.image_tokens, file_format="gguf" if ckpt.gguf is not None else "safetensors")
+            file_format="gguf" if ckpt.gguf is not None else "safetensors", chat_template_inputs=self._chat is not None,
+            modalities=("text", "image") if self._images is not None else ("text",), image_tokens=loaded.image_tokens)
         log.info("loaded %s (%s, %s, %s) in %.2f s: pooling %s, %d params, per-input limit %d tokens, "
                  "batches of up to %d rows / %d tokens, BLAS: %s",
                  ckpt.path, ckpt.model_type, ckpt.architecture or "-", loaded.kind, time.monotonic() - started,
@@ -168,12 +172,55 @@ class Engine:
         return self.tokenizer.encode_prompt(parts, add_special, parse_special)
 
     def token_pieces(self, ids: Sequence[int]) -> list[str | list[int]]:
-        return self.tokenizer.pieces(ids)
+        return self.tokenizer.pieces(self._known(ids))
 
     def decode(self, ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(ids)
+        return self.tokenizer.decode(self._known(ids))
+
+    def _known(self, ids: Sequence[int]) -> Sequence[int]:
+        """Ids in [0, n_vocab): the tokenizer library overflows (or invents text) on anything else."""
+        if ids and (min(ids) < 0 or max(ids) >= self.tokenizer.n_vocab):
+            raise InvalidTokens("Prompt contains invalid tokens")
+        return ids
 
     # -- requests ---------------------------------------------------------------------------------
+    def format_prompts(self, prompts: Sequence[Sequence[str | int]], prompt_name: str | None = None,
+                       instruction: str | None = None, truncate: bool | None = None) -> list[list[str | int]]:
+        """Apply a request's prompt_name / instruction (or the default prompt) to its text prompts.
+
+        A model whose texts go through its chat template gets them rendered and tokenized here (the prompt as a
+        system message, as sentence-transformers does): those prompts come back as token ids, already truncated
+        when `truncate` (None: the server's --truncate) lets an over-long one be cut.
+        """
+        info = self._require_embedder()
+        if self._chat is None:
+            return format_prompts(info, prompts, prompt_name, instruction)
+        choice = choose_prompt(info, prompt_name, instruction)
+        cut = self.options.truncate if truncate is None else truncate
+        return [self._chat_ids(choice.apply(p[0]) if choice.instruction else p[0], choice.prefix, info, cut)
+                if is_text(p) else list(p) for p in prompts]
+
+    def _chat_ids(self, text: str, system: str | None, info: ModelInfo, truncate: bool) -> list[int]:
+        """One chat-templated input's tokens. Truncated as sentence-transformers does: cut to the model's
+        length, then the template's tail (the tokens the render ends with whatever the content) written back
+        over the last ones, so last-token pooling still reads the template's final token."""
+        tok = self.tokenizer
+        ids = tok.encode(self._chat.render(text, system), add_special=False)
+        if not truncate or len(ids) <= info.max_input_tokens:
+            return ids
+        tails = [tok.encode(self._chat.render(filler, system), add_special=False) for filler in ("0", "1 2 3 4")]
+        common = 0
+        for a, b in zip(reversed(tails[0]), reversed(tails[1])):
+            if a != b:
+                break
+            common += 1
+        suffix = tails[0][len(tails[0]) - common:] if 0 < common < min(map(len, tails)) else []
+        ids = ids[:info.truncate_tokens]
+        keep = min(len(suffix), len(ids))
+        if keep:
+            ids[-keep:] = suffix[-keep:]
+        return ids
+
     def embed_prompts(self, prompts: Sequence[Sequence[str | int] | ImageInput], *, truncate: bool | None = None,
                       timeout_s: float = 3600) -> EmbedResult:
         """Tokenize llama-server prompts (text and token-id parts, see encode_prompt) in one batched call on

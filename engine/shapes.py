@@ -1,7 +1,8 @@
-"""Shapes prepared at startup: every width bucket is run once and the row caps are fitted to memory.
+"""Shapes prepared at startup: a few row widths are run once and the row caps are fitted to memory.
 
-Runs on the engine thread before the model is reported loaded, so a request compiles and allocates
-nothing new: the compiled kernels are shapeless and every bucket has already been through the model.
+Runs on the engine thread before the model is reported loaded. Passes then run at the exact width of their
+longest input, any width up to max_seq: every compiled kernel is shapeless, so a new width never waits for a
+compiler, and the ones run here have built them.
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import os
 import mlx.core as mx
 import numpy as np
 
-from engine.scheduler import MIN_WIDTH, BatchLimits, width_buckets
+from engine.scheduler import MIN_WIDTH, BatchLimits, warm_widths
 from engine.worker import Runner
 
 log = logging.getLogger(__name__)
@@ -29,15 +30,15 @@ def available_memory() -> int:
 
 
 def prepare(runner: Runner, pad_id: int, max_seq: int, max_tokens: int, max_rows: int,
-            half_steps: bool = False, fixed_width: int = 0) -> BatchLimits:
-    """Warm one row per width bucket, measure its activation memory, and fit the caps to memory.
+            fixed_width: int = 0) -> BatchLimits:
+    """Warm one row per width of warm_widths, measure its activation memory, and fit the caps to memory.
 
     Activation memory grows linearly with rows, so the one-row peak of the widest bucket bounds how
     many tokens a pass may hold; max_seq shrinks if even one row of it would not fit.
     """
     budget = int(available_memory() * MEMORY_SHARE)
     per_row: dict[int, int] = {}
-    for width in width_buckets(max_seq, half_steps, fixed_width):
+    for width in warm_widths(max_seq, fixed_width):
         mx.reset_peak_memory()
         base = mx.get_active_memory()
         ids = np.full((1, width), pad_id, dtype=np.int32)
@@ -55,6 +56,5 @@ def prepare(runner: Runner, pad_id: int, max_seq: int, max_tokens: int, max_rows
     if (fitted_seq, fitted_tokens, fitted_rows) != (max_seq, max_tokens, max_rows):
         log.info("fitted to %d MiB of memory: max_seq %d (asked %d), batch tokens %d (asked %d), rows %d (asked %d)",
                  budget >> 20, fitted_seq, max_seq, fitted_tokens, max_tokens, fitted_rows, max_rows)
-    return BatchLimits(max_tokens=fitted_tokens, max_rows=fitted_rows, max_seq=fitted_seq, half_steps=half_steps,
-                       fixed_width=fixed_width)
+    return BatchLimits(max_tokens=fitted_tokens, max_rows=fitted_rows, max_seq=fitted_seq, fixed_width=fixed_width)
 

@@ -39,12 +39,12 @@ class EngineOptions:
     ctx_size: int = 0  # llama's -c; 0 = the model's own
     parallel: int = -1  # llama's -np; -1 = auto (4 slots, unified KV)
     truncate: bool = False  # cut over-long inputs instead of refusing them
-    max_batch_tokens: int = 512  # rows x padded width of one forward pass (benchmarks/batch_budget.py)
+    max_batch_tokens: int = 512  # rows x width of one forward pass (benchmarks/batch_budget.py)
     max_batch_rows: int = 64
     max_seq: int = 0  # most tokens per input; 0 = the per-input limit (both fitted to memory at load)
-    half_step_widths: bool = False  # pad to 1.5x powers of two as well (less padding, twice the shapes)
     max_queue_items: int = 4096  # inputs waiting for the engine thread; more is QueueFull
     threads: int = -1  # BLAS threads; <= 0 leaves the library default
+    dtype: str = "auto"  # compute dtype: auto (float32 on a CPU, the checkpoint's on a GPU) | float32 | float16 | bfloat16
     rerank_sigmoid: bool = False  # cross-encoder scores as sigmoid(logit) instead of the raw logit
     rerank_instruction: str | None = None  # generative rerankers: the server-wide <Instruct> text
     default_prompt_name: str | None = None  # embedding models: the prompt texts get when a request names none
@@ -75,7 +75,7 @@ class ModelInfo:
     kind: str = "embedder"  # "embedder" | "cross-encoder" | "generative-reranker"
     batch_tokens: int = 0  # fitted at load: rows x padded width of one forward pass
     batch_rows: int = 0  # fitted at load: the most rows of one forward pass
-    widths: tuple[int, ...] = ()  # the padded widths prepared at load
+    widths: tuple[int, ...] = ()  # the row widths warmed at load (passes run at any width up to max_seq)
     file_format: str = "safetensors"  # "safetensors" | "gguf"
     family: str = ""  # the engine/families file serving it (model_type aliases resolved: mistral -> llama)
     # embedding models: named prompts (config_sentence_transformers.json), the default one, and the family's
@@ -83,6 +83,7 @@ class ModelInfo:
     prompts: tuple[tuple[str, str], ...] = ()
     default_prompt_name: str | None = None
     instruction_template: str | None = None
+    chat_template_inputs: bool = False  # texts are rendered with the checkpoint's chat template
     modalities: tuple[str, ...] = ("text",)  # what an input may be: "text", "image"
     image_tokens: int = 0  # what one image counts as (usage, batch budgets): its patches
 

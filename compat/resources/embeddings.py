@@ -5,14 +5,13 @@ from typing import TYPE_CHECKING
 
 import falcon
 
-from compat.errors import bad_request
+from compat.errors import bad_request, check_client_batch
 from compat.media import MediaPolicy, image_input
 from compat.models import EMBEDDING
 from compat.resources.leasing import model_request
 from compat.routing import Models
-from compat.wire.embeddings import parse_embeddings_request, render_embeddings_response, with_text_prompt
+from compat.wire.embeddings import parse_embeddings_request, render_embeddings_response
 from compat.wire.inputs import MediaRef, Prompt, has_media
-from engine import text_formatter
 from engine.types import Pooling
 
 if TYPE_CHECKING:
@@ -35,10 +34,12 @@ class EmbeddingsResource:
             request = parse_embeddings_request(body(), oai_route=self._oai,
                                                default_normalize=served.settings.embd_normalize,
                                                width=info.n_embd, takes_images=info.takes_images)
-            format_text = text_formatter(info, request.prompt_name, request.instruction)
+            check_client_batch(len(request.prompts), served.settings.max_client_batch_size, "inputs")
             policy = _checked_media(request.prompts, served.settings)
+            texts = iter(served.engine.format_prompts([p for p in request.prompts if not has_media(p)],
+                                                      request.prompt_name, request.instruction, request.truncate))
             # images are fetched here; the engine decodes them and tokenizes the texts, both off its thread
-            prompts = [image_input(i, prompt, policy) if has_media(prompt) else with_text_prompt(prompt, format_text)
+            prompts = [image_input(i, prompt, policy) if has_media(prompt) else next(texts)
                        for i, prompt in enumerate(request.prompts)]
             result = served.engine.embed_prompts(prompts, truncate=request.truncate, timeout_s=served.remaining_s)
             served.record(result)

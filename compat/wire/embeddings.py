@@ -6,7 +6,6 @@ shortest round-trip form, as llama-server does, without a per-float Python loop;
 from __future__ import annotations
 
 import base64
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,13 +76,6 @@ def parse_embeddings_request(body: dict[str, Any], *, oai_route: bool, default_n
                              embd_normalize=embd_normalize, truncate=truncate,
                              model=model if isinstance(model, str) else None,
                              prompt_name=prompt_name, instruction=instruction, dimensions=dimensions)
-
-
-def with_text_prompt(prompt: Prompt, format_text: Callable[[str], str]) -> Prompt:
-    """A text input gets the request's prompt or instruction; token ids and mixed inputs embed as given."""
-    if len(prompt) == 1 and isinstance(prompt[0], str):
-        return [format_text(prompt[0])]
-    return prompt
 
 
 def _kept(vector: np.ndarray, dimensions: int | None) -> np.ndarray:

@@ -99,13 +99,14 @@ def render_model_meta(info: ModelInfo) -> dict[str, Any]:
 
 def embedding_capabilities(info: ModelInfo, *, prompt_texts: bool) -> dict[str, Any]:
     """What an embedding request may ask of this model (ours, absent for rerankers): its prompts (names, or
-    name -> text), the default one, the instruction template, the `dimensions` range (Matryoshka) and what an
-    input may be (input_modalities: "text", "image")."""
+    name -> text), the default one, the instruction template, whether texts go through its chat template, the
+    `dimensions` range (Matryoshka) and what an input may be (input_modalities: "text", "image")."""
     if info.is_reranker:
         return {}
     return {"prompts": dict(info.prompts) if prompt_texts else [name for name, _ in info.prompts],
             "default_prompt_name": info.default_prompt_name,
             "instruction_template": info.instruction_template,
+            "chat_template_inputs": info.chat_template_inputs,
             "dimensions": {"min": 1, "max": info.n_embd},
             "input_modalities": list(info.modalities)}
 

@@ -47,19 +47,26 @@ _LN2 = 0.6931471805599453
 _EXP2_TERMS = tuple(_LN2 ** k / math.factorial(k) for k in range(7))
 
 
-def _exp_arithmetic(x: mx.array) -> mx.array:
-    """e^x for x <= 0 from arithmetic only: 2^n built from the float's exponent bits times a polynomial."""
+def _exp_parts(x: mx.array) -> tuple[mx.array, mx.array]:
+    """e^x for x <= 0 from arithmetic only, as (2^f polynomial, the float bits of 2^n) with e^x = 2^n * 2^f."""
     t = mx.maximum(x, -87.0) * _LOG2E
     n = mx.floor(t + 0.5)
     f = t - n
     p = _EXP2_TERMS[-1]
     for c in reversed(_EXP2_TERMS[:-1]):
         p = p * f + c
-    return p * mx.view((n.astype(mx.int32) + 127) << 23, mx.float32)
+    return p, (n.astype(mx.int32) + 127) << 23
 
 
-# Not shapeless (the bit view needs shapes); retracing for a new shape costs about a millisecond.
-_exp = mx.compile(_exp_arithmetic)
+# shapeless, so a pass of a width never seen runs at once: a shaped compilation retraces for every new shape
+# (about 10 ms here), and passes run at their inputs' exact widths. The bit view cannot be traced shapeless, so
+# it stays outside (a view costs no copy).
+_exp_parts_compiled = mx.compile(_exp_parts, shapeless=True)
+
+
+def _exp(x: mx.array) -> mx.array:
+    p, bits = _exp_parts_compiled(x)
+    return p * mx.view(bits, mx.float32)
 
 
 def softmax(scores: mx.array) -> mx.array:

@@ -19,6 +19,7 @@ from engine.errors import UnsupportedCheckpoint
 from engine.families.base import (
     BaseModelArgs,
     Trunk,
+    activation,
     attention,
     rope_inverse_frequencies,
     rope_settings,
@@ -74,8 +75,6 @@ class ModelArgs(BaseModelArgs):
         if self.num_attention_heads % self.num_key_value_heads:
             raise UnsupportedCheckpoint(f"{self.family}: num_attention_heads {self.num_attention_heads} is not a "
                                         f"multiple of num_key_value_heads {self.num_key_value_heads}")
-        if self.hidden_act not in ("silu", "swish"):
-            raise UnsupportedCheckpoint(f"{self.family} hidden_act {self.hidden_act!r} is not supported (only 'silu')")
         self.rope = rope_settings(self.family, self.rope_parameters, self.rope_scaling, self.rope_theta,
                                   self.default_rope_theta)
         self.qkv_bias = self.o_bias = self.attention_bias
@@ -97,6 +96,9 @@ class ModelArgs(BaseModelArgs):
 
     def window(self, layer_type: str) -> int | None:
         return self.sliding_window if layer_type == SLIDING else None
+
+    def rope_of(self, layer_type: str) -> dict[str, Any]:
+        return self.rope
 
 
 class Attention(nn.Module):
@@ -121,16 +123,17 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """SwiGLU: down(silu(gate(x)) * up(x))."""
+    """Gated: down(act(gate(x)) * up(x)); SwiGLU for Llama and Qwen, GELU(tanh) for Gemma."""
 
     def __init__(self, args: ModelArgs):
         super().__init__()
         self.gate_proj = nn.Linear(args.hidden_size, args.intermediate_size, bias=args.mlp_bias)
         self.up_proj = nn.Linear(args.hidden_size, args.intermediate_size, bias=args.mlp_bias)
         self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=args.mlp_bias)
+        self.act = activation(args.hidden_act)
 
     def __call__(self, x: mx.array) -> mx.array:
-        return self.down_proj(nn.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
 
 
 class TransformerBlock(nn.Module):
@@ -157,24 +160,34 @@ class DecoderModel(nn.Module):
         self.layers = [TransformerBlock(args, kind) for kind in args.layer_types]
         self.norm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
 
+    def embed(self, input_ids: mx.array) -> mx.array:
+        return self.embed_tokens(input_ids)
+
     def __call__(self, input_ids: mx.array, attention_mask: mx.array) -> mx.array:
-        """Padded ids and mask [B, L] (left or right padding) -> final normed hidden states [B, L, D]."""
+        """Padded ids and mask [B, L] (left or right padding) -> final normed hidden states [B, L, D].
+
+        Each layer kind (full / sliding) gets its mask and its rotary tables, built once per pass."""
         args = self.args
-        cos, sin = rotary_tables(token_positions(attention_mask), rope_inverse_frequencies(args.head_dim, args.rope))
-        masks = {kind: sequence_mask(attention_mask, args.causal, args.window(kind)) for kind in set(args.layer_types)}
-        x = self.embed_tokens(input_ids)
+        positions = token_positions(attention_mask)
+        kinds = set(args.layer_types)
+        tables = {kind: rotary_tables(positions, rope_inverse_frequencies(args.head_dim, args.rope_of(kind)))
+                  for kind in kinds}
+        masks = {kind: sequence_mask(attention_mask, args.causal, args.window(kind)) for kind in kinds}
+        x = self.embed(input_ids)
         for layer in self.layers:
-            x = layer(x, masks[layer.layer_type], cos, sin)
+            x = layer(x, masks[layer.layer_type], *tables[layer.layer_type])
         return self.norm(x)
 
 
 class Model(Trunk):
     """The backbone under `model.`; a causal LM's head is dropped, an embedder never applies it."""
 
+    backbone = DecoderModel
+
     def __init__(self, args: ModelArgs):
         super().__init__()
         self.args = args
-        self.model = DecoderModel(args)
+        self.model = self.backbone(args)
 
     def __call__(self, input_ids: mx.array, attention_mask: mx.array,
                  token_type_ids: mx.array | None = None) -> mx.array:

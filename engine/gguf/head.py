@@ -15,12 +15,14 @@ from engine.types import Pooling
 
 
 class RankHead(nn.Module):
-    def __init__(self, trunk: nn.Module, hidden: int, n_out: int, dense: bool, pooling: Pooling, softmax: bool):
+    def __init__(self, trunk: nn.Module, hidden: int, n_out: int, present: set[str], pooling: Pooling,
+                 softmax: bool):
+        """present: the head tensors the file has (our names: cls.weight, cls_output.bias, ...)."""
         super().__init__()
         self.trunk = trunk
-        if dense:
-            self.cls = nn.Linear(hidden, hidden)
-        self.cls_output = nn.Linear(hidden, n_out)
+        if "cls.weight" in present:
+            self.cls = nn.Linear(hidden, hidden, bias="cls.bias" in present)
+        self.cls_output = nn.Linear(hidden, n_out, bias="cls_output.bias" in present)
         self._pooling = pooling
         self._softmax = softmax
 

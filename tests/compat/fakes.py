@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from engine.errors import EmptyInput, InputTooLong, InvalidInput, InvalidTokens
+from engine.prompts import format_prompts
 from engine.types import EmbedResult, ModelInfo, Pooling, RerankResult, Timings, VocabType
 
 CLS, SEP = 101, 102
@@ -78,6 +79,10 @@ class FakeEngine:
             self._words.update(zip(words, part.split(), strict=True))
             ids += [CLS, *words, SEP] if i == 0 and add_special else words
         return ids
+
+    def format_prompts(self, prompts, prompt_name=None, instruction=None, truncate=None):
+        """The engine's rule for a model without a chat template (engine.prompts.format_prompts)."""
+        return format_prompts(self.info, prompts, prompt_name, instruction)
 
     def token_pieces(self, ids: Sequence[int]) -> list[str | list[int]]:
         return [[0xE2, 0x82] if t == 7 else " " + self._words.get(t, "?") for t in ids]

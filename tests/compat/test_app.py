@@ -595,7 +595,8 @@ def test_props_shape_and_values(make_client):
                           "modalities", "endpoint_slots", "endpoint_props", "endpoint_metrics", "ui",
                           "chat_template", "bos_token", "eos_token", "build_info", "is_sleeping",
                           "cors_proxy_enabled", "family", "max_seq", "rows", "batch_tokens", "widths", "prompts",
-                          "default_prompt_name", "instruction_template", "dimensions", "input_modalities"]
+                          "default_prompt_name", "instruction_template", "chat_template_inputs", "dimensions",
+                          "input_modalities"]
     assert list(body["default_generation_settings"]) == ["params", "n_ctx"]
     assert list(body["default_generation_settings"]["params"]) == PARAMS_KEYS
     assert body["default_generation_settings"]["n_ctx"] == 256
@@ -645,10 +646,11 @@ def test_models_shape(make_client, path):
     assert model["meta"] == {"vocab_type": 3, "n_vocab": 1000, "n_ctx": 256, "n_ctx_train": 512, "n_embd": 4,
                              "n_params": 22713216, "size": 90868376, "ftype": "F32", "prompts": [],
                              "default_prompt_name": None, "instruction_template": None,
-                             "dimensions": {"min": 1, "max": 4}, "input_modalities": ["text"]}
+                             "chat_template_inputs": False, "dimensions": {"min": 1, "max": 4},
+                             "input_modalities": ["text"]}
     assert list(model["meta"]) == ["vocab_type", "n_vocab", "n_ctx", "n_ctx_train", "n_embd", "n_params", "size",
-                                   "ftype", "prompts", "default_prompt_name", "instruction_template", "dimensions",
-                                   "input_modalities"]
+                                   "ftype", "prompts", "default_prompt_name", "instruction_template",
+                                   "chat_template_inputs", "dimensions", "input_modalities"]
 
 
 def test_models_without_alias_lists_the_model_name(make_client):
@@ -698,7 +700,13 @@ def test_metrics_text_format(make_client):
     assert abs(int(res.headers["process-start-time-unix"]) - time.time()) < 60
     lines = res.text.splitlines()
     assert res.text.endswith("\n")
-    assert len(lines) == 3 * len(METRIC_NAMES)
+    # llama's metrics, in its order, then ours (in flight, draining)
+    assert len(lines) == 3 * len(METRIC_NAMES) + 6
+    assert lines[3 * len(METRIC_NAMES):] == [
+        "# HELP mlx_embed:requests_in_flight HTTP requests being handled now, every route.",
+        "# TYPE mlx_embed:requests_in_flight gauge", "mlx_embed:requests_in_flight 0",
+        "# HELP mlx_embed:draining 1 after SIGTERM/SIGINT while requests in flight finish.",
+        "# TYPE mlx_embed:draining gauge", "mlx_embed:draining 0"]
     for i, (name, kind) in enumerate(METRIC_NAMES):
         help_line, type_line, value_line = lines[3 * i: 3 * i + 3]
         assert help_line.startswith(f"# HELP llamacpp:{name} ") and len(help_line) > len(f"# HELP llamacpp:{name} ")

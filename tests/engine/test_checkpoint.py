@@ -116,8 +116,8 @@ def test_sentence_transformers_6_module_paths_are_understood(tmp_path):
 def test_unknown_module_type_is_refused_by_name(tmp_path):
     modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
                {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
-               {"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"}]
-    with pytest.raises(UnsupportedCheckpoint, match=r"sentence_transformers\.models\.Dense"):
+               {"idx": 2, "name": "2", "path": "2_LSTM", "type": "sentence_transformers.models.LSTM"}]
+    with pytest.raises(UnsupportedCheckpoint, match=r"sentence_transformers\.models\.LSTM"):
         checkpoint.read(write_folder(tmp_path, {"modules.json": modules}))
 
 

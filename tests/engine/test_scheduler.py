@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from engine.scheduler import BatchLimits, next_batch, padded_width, width_buckets
+from engine.scheduler import BatchLimits, next_batch, warm_widths
 
 
 @dataclass
@@ -27,22 +27,17 @@ def lengths_of(items, picked):
     return sorted(items[i].n_tokens for i in picked)
 
 
-@pytest.mark.parametrize("n, width", [(1, 8), (7, 8), (8, 8), (9, 16), (16, 16), (17, 32), (100, 128),
-                                      (512, 512), (513, 1024)])
-def test_padded_width_is_the_next_power_of_two(n, width):
-    assert padded_width(n) == width
+@pytest.mark.parametrize("n", [1, 7, 17, 100, 300, 512])
+def test_a_pass_runs_at_its_longest_inputs_exact_length(n):
+    assert BatchLimits(4096, 8, max_seq=512).width(n) == n
+    assert BatchLimits(4096, 8, max_seq=512, fixed_width=64).width(n) == 64  # a fixed-width family
 
 
-@pytest.mark.parametrize("n, width", [(200, 256), (257, 300), (300, 300)])
-def test_padded_width_stops_at_max_seq(n, width):
-    assert padded_width(n, max_seq=300) == width
-    assert BatchLimits(4096, 8, max_seq=300).width(n) == width
-
-
-def test_width_buckets_cover_every_length_up_to_max_seq():
-    assert width_buckets(512) == [8, 16, 32, 64, 128, 256, 512]
-    assert width_buckets(300) == [8, 16, 32, 64, 128, 256, 300]
-    assert all(padded_width(n, 300) in width_buckets(300) for n in range(1, 301))
+def test_warm_widths_are_powers_of_two_up_to_max_seq():
+    assert warm_widths(512) == [8, 16, 32, 64, 128, 256, 512]
+    assert warm_widths(300) == [8, 16, 32, 64, 128, 256, 300]
+    assert warm_widths(8) == [8]
+    assert warm_widths(512, fixed_width=64) == [64]
 
 
 def test_nothing_waiting():
@@ -72,12 +67,14 @@ def test_row_cap():
     assert next_batch(items, BatchLimits(max_tokens=10_000, max_rows=1)) == [6]
 
 
-def test_token_budget_counts_rows_times_padded_width():
+def test_token_budget_counts_rows_times_the_longest_length():
     items = waiting(*([16] * 10))
     picked = next_batch(items, BatchLimits(max_tokens=64, max_rows=64))
     assert len(picked) == 4  # 4 x 16 = 64; a fifth row would make 80
-    items = waiting(*([17] * 10))  # width 32
-    assert len(next_batch(items, BatchLimits(max_tokens=64, max_rows=64))) == 2  # 3 x 32 = 96 > 64
+    items = waiting(17, 17, 17, 30, 30)
+    assert lengths_of(items, next_batch(items, BatchLimits(max_tokens=60, max_rows=64))) == [17, 17, 17]
+    items = waiting(17, 30, 17)  # the oldest is 17: with 30 in it, two rows are already 60 > 55
+    assert lengths_of(items, next_batch(items, BatchLimits(max_tokens=55, max_rows=64))) == [17, 17]
 
 
 def test_nearest_lengths_are_preferred():
@@ -132,31 +129,16 @@ def test_invariants_on_random_queues(seed):
                 assert (len(picked) + 1) * grown > limits.max_tokens
 
 
-@pytest.mark.parametrize("n, width", [(8, 8), (9, 12), (12, 12), (13, 16), (17, 24), (25, 32), (33, 48),
-                                      (100, 128), (200, 256), (257, 384), (385, 512)])
-def test_half_step_widths(n, width):
-    assert padded_width(n, half_steps=True) == width
-    assert BatchLimits(4096, 8, max_seq=512, half_steps=True).width(n) == width
-
-
-def test_half_step_buckets_cover_every_length_and_waste_at_most_a_third():
-    buckets = width_buckets(512, half_steps=True)
-    assert buckets == [8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512]
-    for n in range(9, 513):
-        width = padded_width(n, 512, half_steps=True)
-        assert width in buckets and n <= width and (width - n) / width < 1 / 3 + 1e-9
-
-
 def test_images_and_texts_never_share_a_pass_and_images_are_not_padded():
     items = [W(10, 1), W(196, 0, group=1), W(12, 2), W(196, 3, group=1), W(196, 4, group=1)]
     limits = BatchLimits(max_tokens=400, max_rows=8)
-    picked = next_batch(items, limits)  # the oldest is an image: two images fit 400 tokens unpadded
+    picked = next_batch(items, limits)  # the oldest is an image: two images fit 400 tokens
     assert sorted(picked) == [1, 3]
     assert sorted(next_batch([items[i] for i in (0, 2, 4)], limits)) == [0, 1]
 
 
-def test_fixed_width_rows_use_one_bucket():
+def test_fixed_width_rows_use_one_width():
     limits = BatchLimits(max_tokens=256, max_rows=8, max_seq=64, fixed_width=64)
     assert [limits.width(n) for n in (1, 9, 64)] == [64, 64, 64]
-    assert width_buckets(64, fixed_width=64) == [64]
+    assert warm_widths(64, fixed_width=64) == [64]
     assert len(next_batch(waiting(*[5] * 10), limits)) == 4

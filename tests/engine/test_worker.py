@@ -186,16 +186,16 @@ def test_memory_exhaustion_fails_the_batch_and_lowers_the_caps(error):
     worker = start(runner, BatchLimits(max_tokens=256, max_rows=8))
     try:
         hold(worker, runner)  # the next four inputs wait together and go into one 4 x 16 pass
-        batch = worker.submit([[1] * 9, [2] * 9, [3] * 9, [4] * 9], FAR)
+        batch = worker.submit([[1] * 16, [2] * 16, [3] * 16, [4] * 16], FAR)
         runner.release.set()
         for item in batch:
             with pytest.raises(OutOfMemory, match="ran out of memory.*now capped at 2 rows / 32 tokens"):
                 item.future.result(10)
         assert (worker.limits.max_rows, worker.limits.max_tokens) == (2, 32)
         n_calls = len(runner.calls)
-        again = worker.submit([[1] * 9, [2] * 9, [3] * 9, [4] * 9], FAR)  # the same inputs now pass
+        again = worker.submit([[1] * 16, [2] * 16, [3] * 16, [4] * 16], FAR)  # the same inputs now pass
         assert [item.future.result(10).value.tolist() for item in again] == [
-            echo([k] * 9).tolist() for k in (1, 2, 3, 4)]
+            echo([k] * 16).tolist() for k in (1, 2, 3, 4)]
         assert all(c[0].shape[0] <= 2 and c[0].size <= 32 for c in runner.calls[n_calls:])
     finally:
         worker.close()

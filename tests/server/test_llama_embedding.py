@@ -1,7 +1,9 @@
 """llama.cpp's own embedding tests (tools/server/tests/unit/test_embedding.py), against our server.
 
 Same requests and assertions as the contract's §8.2, with the bundled all-MiniLM-L6-v2 in place of
-bge-small and the same preset flags (--ctx-size 512 --batch-size 128 --ubatch-size 128 --parallel 2).
+bge-small and the same preset flags (--ctx-size 512 --batch-size 128 --ubatch-size 128 --parallel 2); each
+server runs twice: on the safetensors folder and on the same model as llama.cpp's F16 GGUF (as llama's
+tests run on a GGUF).
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import numpy as np
 import pytest
 from openai import OpenAI
 
+from tests.conftest import gguf_fixture
 from tests.server.harness import ServerProcess
 
 EPSILON = 1e-3
@@ -19,25 +22,35 @@ PRESET = ("--ctx-size", "512", "--batch-size", "128", "--ubatch-size", "128", "-
           "--seed", "42", "--temp", "0.8", "--no-slots", "--no-jinja", "--offline", "--embedding")
 
 
-def _server(*extra: str) -> ServerProcess:
-    return ServerProcess(*PRESET, *extra)
+# the model each server runs: the bundled folder (no -m), or llama.cpp's conversion of it
+MODELS = {"safetensors": (), "gguf": ("-m", str(gguf_fixture("minilm-f16.gguf")))}
+
+
+@pytest.fixture(scope="module", params=sorted(MODELS))
+def model_format(request) -> str:
+    return request.param
+
+
+def _server(model_format: str, *extra: str) -> ServerProcess:
+    return ServerProcess(*PRESET, *MODELS[model_format], *extra)
 
 
 @pytest.fixture(scope="module")
-def last_server():
-    with _server("--pooling", "last") as server:
+def last_server(model_format):
+    with _server(model_format, "--pooling", "last") as server:
+        server.model_format = model_format
         yield server
 
 
 @pytest.fixture(scope="module")
-def default_server():
-    with _server() as server:
+def default_server(model_format):
+    with _server(model_format) as server:
         yield server
 
 
 @pytest.fixture(scope="module")
-def none_server():
-    with _server("--pooling", "none") as server:
+def none_server(model_format):
+    with _server(model_format, "--pooling", "none") as server:
         yield server
 
 
@@ -64,9 +77,10 @@ def test_embedding_single(last_server):
     data = res.json()["data"]
     assert len(data) == 1 and len(data[0]["embedding"]) == 384
     assert abs(_sum_sq(data[0]["embedding"]) - 1) < EPSILON
-    # beyond llama's checks: the vector really is the last token's (not the model's default mean pooling)
+    # beyond llama's checks: the vector really is the last token's (not the model's default mean pooling);
+    # the GGUF holds the weights rounded to float16
     np.testing.assert_allclose(data[0]["embedding"], _last_token_reference("I believe the meaning of life is"),
-                               atol=1e-5)
+                               atol=1e-5 if last_server.model_format == "safetensors" else 1e-3)
 
 
 def test_embedding_multiple(last_server):

@@ -107,3 +107,50 @@ def test_default_prompt_name_option(prompted_minilm, reference):
     assert res.returncode != 0
     assert "--default-prompt-name 'nope' is not one of the model's prompts (known: empty, passage, query)" in (
         res.stdout + res.stderr)
+
+
+# A chat template as sentence-transformers >= 6 records it: the tokenizer's template plus a "message" modality in
+# sentence_bert_config.json; texts become [system prompt,] user messages rendered through it.
+CHAT_TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'system' %}[CLS] task : {{ m['content'] }} [SEP] "
+                 "{% else %}{{ m['content'] | lower }}{% endif %}{% endfor %}"
+                 "{% if add_generation_prompt %} [SEP]{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def chat_minilm(prompted_minilm, tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("minilm-chat") / "minilm"
+    shutil.copytree(prompted_minilm, folder)
+    (folder / "chat_template.jinja").write_text(CHAT_TEMPLATE)
+    sbert = json.loads((folder / "sentence_bert_config.json").read_text())
+    forward = {"method": "forward", "method_output_name": "last_hidden_state"}
+    sbert.update(modality_config={"text": forward, "message": {**forward, "format": "flat"}},
+                 module_output_name="token_embeddings",
+                 processing_kwargs={"chat_template": {"add_generation_prompt": True}})
+    (folder / "sentence_bert_config.json").write_text(json.dumps(sbert))
+    return folder
+
+
+def test_chat_template_inputs_match_sentence_transformers(chat_minilm):
+    from sentence_transformers import SentenceTransformer
+
+    reference = SentenceTransformer(str(chat_minilm), device="cpu")
+    with ServerProcess("-m", str(chat_minilm), "--embedding", "--offline") as srv:
+        assert srv.get("/props").json()["chat_template_inputs"] is True
+        for prompt_name in ("query", "empty", None):  # None: the default prompt, "passage"
+            want = reference.encode(TEXTS, prompt_name=prompt_name, normalize_embeddings=True)
+            body = {"input": TEXTS, **({"prompt_name": prompt_name} if prompt_name else {})}
+            res = srv.post("/v1/embeddings", body)
+            assert res.status_code == 200
+            assert cosines(oai_vectors(res.json()), want).min() >= 0.999999
+        # over the 512-token limit with truncation: cut to max_seq_length (256), the template's tail kept
+        long_text = "the quick brown fox jumps over the lazy dog " * 70
+        want = reference.encode([long_text], prompt_name="query", normalize_embeddings=True)
+        res = srv.post("/v1/embeddings", {"input": long_text, "prompt_name": "query", "truncate": True})
+        assert res.status_code == 200 and res.json()["usage"]["prompt_tokens"] == 256
+        assert cosines(oai_vectors(res.json()), want).min() >= 0.999999
+        # token ids embed as given, never through the template
+        ids = reference.tokenizer("plain")["input_ids"]
+        got = oai_vectors(srv.post("/v1/embeddings", {"input": [ids]}).json())
+        plain = SentenceTransformer(str(minilm_dir()), device="cpu").encode(["plain"], normalize_embeddings=True)
+        assert cosines(got, plain).min() >= 0.999999
+

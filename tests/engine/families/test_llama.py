@@ -160,9 +160,10 @@ def test_unsupported_rope_is_a_load_error_naming_it(rope, words):
 
 
 def test_unsupported_activation_and_sequence_classifier_are_refused(tmp_path):
-    with pytest.raises(UnsupportedCheckpoint, match="hidden_act 'gelu'"):
-        llama.ModelArgs.from_dict(dict(model_type="llama", vocab_size=10, hidden_size=8, num_hidden_layers=1,
-                                       num_attention_heads=2, intermediate_size=8, hidden_act="gelu"))
+    with pytest.raises(UnsupportedCheckpoint, match="activation 'relu2' is not supported"):
+        llama.Model(llama.ModelArgs.from_dict(dict(model_type="llama", vocab_size=10, hidden_size=8,
+                                                   num_hidden_layers=1, num_attention_heads=2, intermediate_size=8,
+                                                   hidden_act="relu2")))
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama",
                                                        "architectures": ["LlamaForSequenceClassification"]}))
     with pytest.raises(UnsupportedCheckpoint, match="LlamaForSequenceClassification"):

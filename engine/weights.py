@@ -1,0 +1,116 @@
+"""Checkpoint tensors into a module: MLX-quantized layers, the compute dtype, and what the result amounts to.
+
+MLX-quantized folders (mlx-lm / mlx-community conversions) say `quantization: {group_size, bits}` in
+config.json (optionally per layer) and store each quantized layer as a packed `weight` with `scales` and
+`biases`. Exactly the layers that have scales become MLX's quantized layers; the rest stay float.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from engine.errors import UnsupportedCheckpoint
+
+DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
+_FTYPES = {mx.float32: "F32", mx.float16: "F16", mx.bfloat16: "BF16"}
+_QUANTIZED = (nn.QuantizedLinear, nn.QuantizedEmbedding)
+
+
+@dataclass(frozen=True)
+class Quantization:
+    group_size: int
+    bits: int
+    per_layer: dict[str, Any]  # layer path -> {group_size, bits} or False (kept float), as mlx-lm writes it
+
+    def params_for(self, path: str) -> dict[str, int] | None:
+        own = self.per_layer.get(path)
+        if own is False:
+            return None
+        own = own if isinstance(own, dict) else {}
+        return {"group_size": int(own.get("group_size", self.group_size)), "bits": int(own.get("bits", self.bits))}
+
+
+def quantization(config: dict[str, Any]) -> Quantization | None:
+    """config.json's MLX quantization block, or None for a float checkpoint."""
+    block = config.get("quantization") or config.get("quantization_config")
+    if not block:
+        return None
+    if "group_size" not in block or "bits" not in block:
+        kind = block.get("quant_method") or block.get("mode") or "unknown"
+        raise UnsupportedCheckpoint(f"quantization {kind!r} is not supported (MLX affine quantization with "
+                                    "group_size and bits only)")
+    if block.get("mode", "affine") != "affine":
+        raise UnsupportedCheckpoint(f"MLX quantization mode {block['mode']!r} is not supported (only 'affine')")
+    per_layer = {k: v for k, v in block.items() if isinstance(v, (dict, bool))}
+    return Quantization(int(block["group_size"]), int(block["bits"]), per_layer)
+
+
+def compute_dtype(requested: str, weights: dict[str, mx.array]) -> mx.Dtype:
+    """The dtype the model computes in. auto: float32 on a CPU (half-precision matmuls are slow there and the
+    references compute in float32), the checkpoint's own float dtype on a GPU."""
+    if requested != "auto":
+        try:
+            return DTYPES[requested]
+        except KeyError:
+            raise UnsupportedCheckpoint(f"dtype {requested!r} is not supported "
+                                        f"(auto, {', '.join(DTYPES)})") from None
+    if mx.default_device().type == mx.DeviceType.cpu:
+        return mx.float32
+    floats = {w.dtype for w in weights.values() if mx.issubdtype(w.dtype, mx.floating)}
+    return floats.pop() if len(floats) == 1 else mx.float32
+
+
+def ftype(weights: dict[str, mx.array], quant: Quantization | None) -> str:
+    """What the checkpoint stores, llama-style: F32, F16, BF16, or MLX_Q4_G64 beside the float dtypes it keeps."""
+    floats = {w.dtype for k, w in weights.items()
+              if mx.issubdtype(w.dtype, mx.floating) and not k.endswith((".scales", ".biases"))}
+    names = sorted(_FTYPES.get(d, str(d)) for d in floats)
+    if quant is not None:
+        names.insert(0, f"MLX_Q{quant.bits}_G{quant.group_size}")
+    return "/".join(names) or "F32"
+
+
+def materialize(module: nn.Module, weights: dict[str, mx.array], quant: Quantization | None,
+                dtype: mx.Dtype, what: str) -> None:
+    """Quantize the layers the weights have scales for, cast float tensors to dtype, load strictly."""
+    if quant is not None:
+        nn.quantize(module, class_predicate=lambda path, layer: (
+            f"{path}.scales" in weights and hasattr(layer, "to_quantized") and (quant.params_for(path) or False)))
+        missing = sorted(k.removesuffix(".scales") for k in weights if k.endswith(".scales")
+                         and not isinstance(_layer(module, k.removesuffix(".scales")), _QUANTIZED))
+        if missing:
+            raise UnsupportedCheckpoint(f"{what}: quantized tensors for layers that cannot be quantized: "
+                                        f"{', '.join(missing[:5])}")
+    cast = {k: (v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) else v) for k, v in weights.items()}
+    try:
+        module.load_weights(list(cast.items()), strict=True)
+    except ValueError as exc:
+        raise UnsupportedCheckpoint(f"{what}: weights do not match: {exc}") from exc
+    mx.eval(module.parameters())
+
+
+def _layer(module: nn.Module, path: str) -> Any:
+    node: Any = module
+    for part in path.split("."):
+        try:
+            node = node[int(part)] if isinstance(node, list) else node[part]
+        except (KeyError, IndexError, ValueError, TypeError):
+            return None
+    return node
+
+
+def size(module: nn.Module) -> tuple[int, int]:
+    """(parameters, bytes) of a loaded module: a quantized layer counts the values it encodes, not its
+    packed words, scales and biases; bytes are what it really holds."""
+    n_params = n_bytes = 0
+    for _, layer in module.named_modules():
+        own = {k: v for k, v in layer.items() if isinstance(v, mx.array)}
+        n_bytes += sum(v.nbytes for v in own.values())
+        if isinstance(layer, _QUANTIZED):
+            n_params += own["weight"].size * 32 // layer.bits + (own["bias"].size if "bias" in own else 0)
+        else:
+            n_params += sum(v.size for v in own.values())
+    return n_params, n_bytes
