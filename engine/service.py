@@ -52,6 +52,7 @@ class Engine:
         self._info: ModelInfo | None = None
         self._tokenizer: TextTokenizer | None = None
         self._prompt: RerankPrompt | None = None  # generative rerankers only
+        self._probabilities = False  # the model's scores are already in [0, 1]
         self._chat: ChatInputs | None = None  # embedders whose texts go through their chat template
         self._images: ImageProcessor | None = None  # models with a vision tower only
         self._in_flight = 0
@@ -84,6 +85,8 @@ class Engine:
             self._chat = ChatInputs(ckpt)
         tokenizer = open_tokenizer(ckpt)
         loaded = registry.load(ckpt, kind, opts.dtype)
+        # a head that already gives probabilities (a Qwen3-Reranker GGUF's softmax): --rerank-sigmoid leaves it
+        self._probabilities = bool(getattr(loaded.model, "scores_are_probabilities", False))
         if kind == registry.GENERATIVE_RERANKER:
             mode = Pooling.RANK
             self._prompt = RerankPrompt(ckpt, fallback=f"{loaded.family}_reranker.jinja")
@@ -301,7 +304,7 @@ class Engine:
         results, timings = self._serve([ids for ids, _ in pairs], type_lists, timeout_s)
         timings.tokenize_s = tokenize_s
         scores = [float(r.value) for r in results]
-        if self.options.rerank_sigmoid and info.kind == registry.CROSS_ENCODER:
+        if self.options.rerank_sigmoid and info.kind == registry.CROSS_ENCODER and not self._probabilities:
             scores = [1.0 / (1.0 + math.exp(-s)) for s in scores]
         return RerankResult(scores=scores, n_tokens=[len(ids) for ids, _ in pairs], timings=timings)
 
