@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 import waitress
+from waitress import wasyncore
 from waitress.channel import HTTPChannel
 from waitress.parser import HTTPRequestParser
 from waitress.task import ErrorTask, WSGITask
@@ -149,8 +150,9 @@ class GracefulServer:
         if left:
             log.warning("shutting down with %d request(s) unanswered (--shutdown-timeout %g s%s)", left,
                         self._shutdown_timeout, ", second signal" if self._signalled >= 2 else "")
-        # stop accepting, then let the answers already produced reach their clients
-        self._server.accepting = False
+        # stop listening (new connections are refused, not left in the backlog), then let the answers already
+        # produced reach their clients: only this loop writes them out
+        wasyncore.dispatcher.close(self._server)
         flush_deadline = time.monotonic() + FLUSH_GRACE_S
         while self._unflushed() and time.monotonic() < flush_deadline and self._signalled < 2:
             self._tick()
