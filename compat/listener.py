@@ -83,7 +83,7 @@ def create_listener(app: Callable, settings: Settings, threads: int, lifecycle: 
         app, threads=threads, ident="mlx-embed-server", clear_untrusted_proxy_headers=True,
         channel_timeout=settings.timeout,  # -to: inactivity on a connection, idle keep-alive included
         cleanup_interval=max(1, min(30, settings.timeout // 2)),  # so channel_timeout is enforced near its value
-        connection_limit=settings.connection_limit,
+        connection_limit=settings.connection_limit + 2,  # waitress counts its listener and wake-up pipe too
         asyncore_use_poll=True,  # select() cannot watch file descriptors past 1024
         max_request_body_size=settings.payload_limit + 1,  # waitress refuses a body of this size or more
         **listen)
