@@ -69,7 +69,11 @@ def _offline(command: type[EmbedCommand] | type[RerankCommand], argv: list[str] 
         if options.input is not None:
             from compat import corpus
 
-            return corpus.run_command(options, progress_to=sys.stderr)
+            try:
+                return corpus.run_command(options, progress_to=sys.stderr)
+            except corpus.JobFailed as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 1
         return tools.embed_texts(options, sys.stdout)
     except (SettingsError, tools.EngineError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -32,6 +32,10 @@ from compat.tools import encoder_options, model_ref
 MANIFEST = "manifest.json"
 
 
+class JobFailed(Exception):
+    """The corpus job stopped (its finished row groups stay for --resume); the command prints it and exits 1."""
+
+
 @dataclass
 class Group:
     """One row group's outcome: `rows_in` input rows, the ids and vectors of those embedded, and the failures
@@ -77,11 +81,11 @@ class PartStore:
         self.job = job
         self.parts: list[dict[str, Any]] = []
         manifest = self.folder / MANIFEST
-        if manifest.is_file():
+        recorded = json.loads(manifest.read_text(encoding="utf-8")) if manifest.is_file() else {"parts": []}
+        if recorded["parts"]:  # a run that finished nothing left nothing to lose: it starts over
             if not resume:
                 raise SettingsError(f"{self.folder} holds an interrupted run: add --resume to continue it, or "
                                     f"delete the folder to start over")
-            recorded = json.loads(manifest.read_text(encoding="utf-8"))
             if recorded["job"] != job:
                 changed = sorted(k for k in {*job, *recorded["job"]} if job.get(k) != recorded["job"].get(k))
                 raise SettingsError(f"--resume: {self.folder} was written by a different job (it differs in: "
@@ -168,7 +172,8 @@ def local_groups(command: EmbedCommand, ref: str, reader: CorpusReader) -> Itera
         for chunk in chunks(reader, command.rows_per_group):
             texts = [row.text for row in chunk if row.error is None]
             encoded = encoder.encode_rows(texts, normalize=command.embd_normalize, dimensions=command.dimensions,
-                                          prompt_name=command.prompt_name, instruction=command.instruction)
+                                          prompt_name=command.prompt_name, instruction=command.instruction,
+                                          batch_size=command.batch_size or None)
             group = Group(len(chunk))
             results = iter(zip(encoded.vectors, encoded.errors))
             for row in chunk:
@@ -179,11 +184,13 @@ def local_groups(command: EmbedCommand, ref: str, reader: CorpusReader) -> Itera
 class Progress:
     """A one-line progress bar (rows, texts/s, ETA) on a terminal; silent otherwise."""
 
-    def __init__(self, stream: TextIO, reader: CorpusReader, enabled: bool):
+    def __init__(self, stream: TextIO, reader: CorpusReader, enabled: bool, rows_before: int = 0):
+        """rows_before: rows an earlier run finished (--resume); they count as done, not in the rate."""
         self.stream, self.reader, self.enabled = stream, reader, enabled
         self.started = time.monotonic()
-        self.rows = self.embedded = 0
+        self.rows, self.embedded = rows_before, 0
         self._shown = 0.0
+        self._first: tuple[float, int] | None = None  # (time, position) at the first group: the ETA's base
 
     def update(self, group: Group, final: bool = False) -> None:
         self.rows += group.rows_in
@@ -196,10 +203,12 @@ class Progress:
         line = f"{self.rows} rows, {self.embedded / elapsed:.1f} texts/s"
         size, position = self.reader.size, self.reader.position()
         if size:
-            fraction = min(position / size, 1.0)
-            line += f", {100 * fraction:.1f}%"
-            if 0 < fraction < 1:
-                remaining = elapsed * (1 - fraction) / fraction
+            line += f", {100 * min(position / size, 1.0):.1f}%"
+            # the rate since the first group (the model's load and skipped rows left out) over what is left
+            if self._first is None:
+                self._first = (now, position)
+            elif position > self._first[1] and position < size:
+                remaining = (size - position) * (now - self._first[0]) / (position - self._first[1])
                 line += f", ETA {int(remaining // 60)}:{int(remaining % 60):02d}"
         self.stream.write("\r" + line.ljust(60))
         self.stream.flush()
@@ -219,6 +228,8 @@ def run_command(command: EmbedCommand, progress_to: TextIO = sys.stderr) -> int:
     """mlx-embed --input FILE --output OUT.parquet: exit status 0, or 1 when any row failed."""
     if command.prompt:
         raise SettingsError("give either texts (-p) or a corpus (--input), not both")
+    if command.json_output:
+        raise SettingsError("--json prints the vectors of -p texts; a corpus is written to --output")
     if not command.output:
         raise SettingsError("--input needs --output OUT.parquet")
     source = Path(command.input)
@@ -235,10 +246,13 @@ def run_command(command: EmbedCommand, progress_to: TextIO = sys.stderr) -> int:
     failures = store.earlier_failures()
     for failure in failures:
         progress_to.write(describe_failure(source, word, *failure) + " [earlier run]\n")
-    progress = Progress(progress_to, reader, enabled=progress_to.isatty() and not command.quiet)
+    progress = Progress(progress_to, reader, enabled=progress_to.isatty() and not command.quiet,
+                        rows_before=store.rows_done)
     if command.ray:
-        from compat.corpus_ray import ray_groups
-
+        try:
+            from compat.corpus_ray import ray_groups
+        except ImportError as exc:
+            raise SettingsError(f"--ray needs Ray Data ({exc}): pip install 'mlx-embed-server[ray]'") from None
         groups = ray_groups(command, ref, reader)
     else:
         groups = local_groups(command, ref, reader)

@@ -18,8 +18,9 @@ import pyarrow as pa
 import ray
 from ray.data.block import BlockMetadata
 from ray.data.datasource import Datasource, ReadTask
+from ray.exceptions import RayError
 
-from compat.corpus import Group, chunks
+from compat.corpus import Group, JobFailed, chunks
 from compat.corpus_files import CorpusReader, Row
 from compat.settings import EmbedCommand
 from compat.tools import encoder_options
@@ -101,7 +102,8 @@ def ray_groups(command: EmbedCommand, ref: str, reader: CorpusReader) -> Iterato
     cpus = command.threads if command.threads > 0 else 1
     options = {**encoder_options(command), "threads": cpus}
     encode = {"normalize": command.embd_normalize, "dimensions": command.dimensions,
-              "prompt_name": command.prompt_name, "instruction": command.instruction}
+              "prompt_name": command.prompt_name, "instruction": command.instruction,
+              "batch_size": command.batch_size or None}
     runtime_env = _runtime_env()
     source = CorpusDatasource(reader.path, reader.text_field, reader.id_field, reader.skip, reader.ids_from_field,
                               command.rows_per_group)
@@ -125,6 +127,8 @@ def ray_groups(command: EmbedCommand, ref: str, reader: CorpusReader) -> Iterato
                     group = Group(0)
         if group.rows_in:
             yield group
+    except RayError as exc:  # an actor could not load the model, a worker died, ...
+        raise JobFailed(f"the Ray job failed (finished row groups are kept for --resume): {exc}") from None
     finally:
         if started_here:
             ray.shutdown()

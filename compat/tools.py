@@ -71,8 +71,8 @@ def cosine_matrix(vectors: np.ndarray) -> np.ndarray:
 
 
 def embed_texts(command: EmbedCommand, out: TextIO) -> int:
-    if command.output or command.resume or command.ray:
-        raise SettingsError("--output, --resume and --ray belong to corpus mode: give --input FILE")
+    if given := command.corpus_flags_given():
+        raise SettingsError(f"{', '.join(given)}: corpus mode options; give --input FILE (and --output)")
     if not command.prompt:
         raise SettingsError("nothing to embed: give -p TEXT (repeatable), or --input FILE --output OUT.parquet")
     ref, name = model_ref(command, bundled_default=True)

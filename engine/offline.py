@@ -168,8 +168,8 @@ class Encoder(_Loaded):
         return np.stack(kept).astype(np.float32, copy=False) if kept else np.zeros((0, size), np.float32)
 
     def encode_rows(self, texts: Sequence[str | None], *, normalize: bool | int = True,
-                    dimensions: int | None = None, prompt_name: str | None = None,
-                    instruction: str | None = None) -> EncodedRows:
+                    dimensions: int | None = None, prompt_name: str | None = None, instruction: str | None = None,
+                    batch_size: int | None = None) -> EncodedRows:
         """Like encode, but a bad row (missing or empty text, too long without truncation) is reported in
         `errors` instead of failing the others: what a corpus job needs."""
         p = normalization(normalize)
@@ -198,7 +198,7 @@ class Encoder(_Loaded):
         vectors = np.zeros((len(texts), size), np.float32)
         n_tokens = [0] * len(texts)
         if good:
-            raw, counts = self._embed(token_lists, None)
+            raw, counts = self._embed(token_lists, batch_size)
             vectors[good] = self._finish(raw, p, dimensions)
             for i, n in zip(good, counts):
                 n_tokens[i] = n
@@ -208,7 +208,7 @@ class Encoder(_Loaded):
         """Ray Data: `batch["text"]` -> the batch with an `embedding` column ([n, d] float32, L2-normalized).
         A bad row raises, as `encode` does."""
         out = dict(batch)
-        out["embedding"] = self.encode([str(t) for t in batch["text"]])
+        out["embedding"] = self.encode(list(batch["text"]))  # a null text is an error, never the string "None"
         return out
 
 
@@ -228,6 +228,8 @@ class Reranker(_Loaded):
         """(scores in document order, tokens of each pair)."""
         if not documents:
             raise InvalidInput("documents must not be empty")
+        if not isinstance(query, str) or not all(isinstance(d, str) for d in documents):
+            raise InvalidInput("the query and the documents must be strings")
         result = self.engine.rerank(query, list(documents), instruction=instruction)
         return np.asarray(result.scores, dtype=np.float64), list(result.n_tokens)
 
@@ -250,7 +252,7 @@ class Reranker(_Loaded):
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Ray Data: `batch["query"]`, `batch["document"]` -> the batch with a `score` column."""
         out = dict(batch)
-        out["score"] = self.predict([(str(q), str(d)) for q, d in zip(batch["query"], batch["document"])])
+        out["score"] = self.predict(list(zip(batch["query"], batch["document"])))
         return out
 
 

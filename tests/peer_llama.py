@@ -31,18 +31,18 @@ class LlamaServer:
         self.proc = subprocess.Popen(argv, env=clean_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
     def __enter__(self) -> "LlamaServer":
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"llama-server exited: {self.proc.stderr.read().decode(errors='replace')[-2000:]}")
             try:
-                if requests.get(self.base + "/health", timeout=1).status_code == 200:
+                if requests.get(self.base + "/health", timeout=5).status_code == 200:
                     return self
-            except requests.ConnectionError:
+            except requests.RequestException:  # not listening yet, or busy loading
                 pass
             time.sleep(0.1)
         self.__exit__()
-        raise RuntimeError("llama-server did not become ready within 60 s")
+        raise RuntimeError("llama-server did not become ready within 180 s")
 
     def __exit__(self, *exc) -> None:
         self.proc.terminate()

@@ -97,14 +97,17 @@ class _Terminal(io.StringIO):
 
 def test_progress_bar_shows_rate_and_eta(tmp_path):
     path = tmp_path / "c.txt"
-    path.write_text("a\n" * 100)
+    path.write_text("a\n" * 100)  # 200 bytes
     reader = CorpusReader(path, "text", "id")
     stream = _Terminal()
-    progress = Progress(stream, reader, enabled=True)
-    reader.position = lambda: 50  # half the file's bytes read
+    progress = Progress(stream, reader, enabled=True, rows_before=10)  # resumed after 10 rows
+    reader.position = lambda: 50  # a quarter of the file's bytes read
     progress.update(Group(25, ids=list(range(25))), final=True)
-    shown = stream.getvalue()
-    assert shown.startswith("\r25 rows, ") and "texts/s, 25.0%, ETA 0:" in shown
+    assert stream.getvalue().startswith("\r35 rows, ") and "texts/s, 25.0%" in stream.getvalue()
+    reader.position = lambda: 100  # half: 50 bytes in 10 s, 100 bytes left
+    progress._first = (progress._first[0] - 10, 50)  # the second group took 10 s
+    progress.update(Group(25, ids=list(range(25))), final=True)
+    assert stream.getvalue().split("\r")[-1].startswith("60 rows, ") and ", 50.0%, ETA 0:20" in stream.getvalue()
 
 
 # A job through the real pipeline (reader, row groups, parts, manifest, final file) with an encoder that costs

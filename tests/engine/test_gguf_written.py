@@ -10,7 +10,7 @@ import pytest
 
 from engine.gguf.reader import GGUFFile
 from tests.conftest import gguf_fixture
-from tests.engine.helpers import cosine, hf_hidden, start_engine, torch
+from tests.engine.helpers import cosine, hf_hidden, perturb_vectors, start_engine, torch
 
 gguf = pytest.importorskip("gguf")
 Q = gguf.GGMLQuantizationType
@@ -218,7 +218,7 @@ def test_qwen3_reranker_gguf_gives_the_model_cards_p_yes(tmp_path):
         with t.no_grad():
             last = model(input_ids=t.tensor([tokenizer.encode(text, add_special_tokens=False)])).logits[0, -1]
         want.append(float(t.sigmoid(last[yes] - last[no])))
-    eng = start_engine(path, pooling=Pooling.RANK)
+    eng = start_engine(path, pooling=Pooling.RANK, rerank_sigmoid=True)  # P(yes) is a probability already
     try:
         got = eng.rerank(query, docs).scores
     finally:
@@ -361,3 +361,66 @@ def test_xlmr_gguf_ids_equal_llama_server_and_vectors_equal_transformers(xlmr):
         assert ids == [llama.tokenize(s) for s in texts]
         theirs = llama.embeddings(texts)
     assert min(cosine(a, b) for a, b in zip(ours, theirs)) >= 0.999
+
+
+# Gemma3TextModel key (under `layers.{i}.`) -> llama.cpp's GGUF name
+GEMMA_LAYER_NAMES = {**QWEN3_LAYER_NAMES, "post_attention_layernorm": "post_attention_norm",
+                     "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffw_norm"}
+
+
+def test_embedding_gemma_gguf_equals_transformers_with_its_dense_layers(tmp_path):
+    """A tiny random bidirectional Gemma3TextModel (EmbeddingGemma's layout: five sliding layers then a full one,
+    mean pooling, two Dense layers) as llama.cpp's gemma-embedding conversion writes it (norms stored as 1 + w)."""
+    t = torch()
+    from transformers import Gemma3TextConfig, Gemma3TextModel
+
+    t.manual_seed(3)
+    config = Gemma3TextConfig(vocab_size=30522, hidden_size=64, num_hidden_layers=6, num_attention_heads=2,
+                              num_key_value_heads=1, head_dim=32, intermediate_size=128, sliding_window=8,
+                              query_pre_attn_scalar=32, use_bidirectional_attention=True, max_position_embeddings=128,
+                              layer_types=["sliding_attention"] * 5 + ["full_attention"])
+    model = Gemma3TextModel(config).eval()
+    perturb_vectors(model, 3)  # norms start at 0 (= scale 1): spread them so a lost offset shows
+    rng = np.random.default_rng(3)
+    dense = [rng.normal(0, 0.1, (256, 64)).astype(np.float32), rng.normal(0, 0.1, (64, 256)).astype(np.float32)]
+    path = tmp_path / "tiny-embeddinggemma.gguf"
+    writer = gguf.GGUFWriter(str(path), "gemma-embedding")
+    writer.add_block_count(6)
+    writer.add_context_length(128)
+    writer.add_embedding_length(64)
+    writer.add_feed_forward_length(128)
+    writer.add_head_count(2)
+    writer.add_head_count_kv(1)
+    writer.add_key_length(32)
+    writer.add_value_length(32)
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_rope_freq_base(1_000_000.0)
+    writer.add_sliding_window(8)
+    writer.add_pooling_type(gguf.PoolingType.MEAN)
+    add_minilm_vocabulary(writer)
+    for key, value in model.state_dict().items():
+        value = value.numpy()
+        if key == "embed_tokens.weight":
+            name = "token_embd.weight"
+        elif key == "norm.weight":
+            name = "output_norm.weight"
+        else:  # layers.{i}.<module>.weight
+            _, index, rest = key.split(".", 2)
+            module, kind = rest.rsplit(".", 1)
+            name = f"blk.{index}.{GEMMA_LAYER_NAMES[module]}.{kind}"
+        writer.add_tensor(name, value + 1.0 if name.endswith("norm.weight") else value)
+    writer.add_tensor("dense_2.weight", dense[0])
+    writer.add_tensor("dense_3.weight", dense[1])
+    finish(writer)
+    texts = ["hello", "a sliding window of eight tokens sees only its neighbours in this longer sentence here",
+             "EmbeddingGemma pools the mean, then projects it twice."]
+    eng = start_engine(path)
+    try:
+        assert eng.info.n_embd == 64 and eng.info.pooling.value == "mean"
+        ids = [eng.encode_prompt([s]) for s in texts]
+        ours = eng.embed(ids).vectors
+    finally:
+        eng.close(wait=True)
+    for row, token_ids in zip(ours, ids, strict=True):
+        pooled = hf_hidden(model, token_ids, token_types=False).mean(axis=0)
+        assert cosine(row, dense[1] @ (dense[0] @ pooled)) >= 0.9999

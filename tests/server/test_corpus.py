@@ -157,8 +157,17 @@ def test_ray_writes_the_single_process_file(tmp_path, expected, capsys):
     try:
         code, err = run("--input", str(source), "--output", str(spread), "--rows-per-group", "8", "--ray",
                         "--ray-actors", "2", capsys=capsys)
+        # engine.Encoder itself as a Ray Data callable, as the README shows it
+        from engine import Encoder
+
+        rows = ray.data.from_items([{"text": t} for t in TEXTS[:4]]).map_batches(
+            Encoder, fn_constructor_args=(str(minilm_dir()),), compute=ray.data.ActorPoolStrategy(size=1),
+            batch_format="numpy").take_all()
     finally:
         ray.shutdown()
+    assert sorted(row["text"] for row in rows) == sorted(TEXTS[:4])
+    np.testing.assert_allclose([row["embedding"] for row in rows], [expected[row["text"]] for row in rows],
+                               rtol=0, atol=1e-6)
     assert code == 1 and f"{source}: line 6 (id empty): empty text" in err and "1 row failed" in err
     ids, vectors = read(spread)
     assert ids == [f"d{i}" for i in range(len(TEXTS))]

@@ -17,6 +17,7 @@ from compat.cli import embed_main, rerank_main
 from engine import Encoder, Reranker
 from engine.errors import InputTooLong, InvalidInput
 from tests.conftest import minilm_dir
+from tests.engine.families.qwen3_fixture import make_checkpoint
 from tests.server.harness import ROOT, ServerProcess, clean_env
 
 TEXTS = ["The cat sits on the mat.", "A feline rests on a rug.", "Quarterly revenue, up 12%, beat forecasts."]
@@ -135,11 +136,39 @@ def test_prompt_name_and_instruction_as_the_server_applies_them(tmp_path, embed_
     assert "'instruction' is not supported by this model" in capsys.readouterr().err
 
 
+def test_encoder_loads_a_gguf_file(encoder):
+    gguf = ce_fixture_dir().parent / "gguf" / "minilm-f16.gguf"  # MiniLM converted by llama.cpp, f16 weights
+    with Encoder(gguf) as from_gguf:
+        vectors = from_gguf.encode(TEXTS)
+    assert np.min(np.sum(vectors * encoder.encode(TEXTS), axis=1)) > 0.9999
+
+
+def test_org_name_resolves_through_the_hugging_face_cache(tmp_path, monkeypatch, embed_server, capsys):
+    from huggingface_hub import constants as hub_constants
+
+    # the hub cache layout, built by hand: models--org--name/{refs/main, snapshots/<commit>/...}
+    repo = tmp_path / "hub" / "models--example-org--minilm"
+    snapshot = repo / "snapshots" / "0123456789abcdef"
+    snapshot.mkdir(parents=True)
+    for item in minilm_dir().iterdir():
+        (snapshot / item.name).symlink_to(item)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0123456789abcdef")
+    monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(tmp_path / "hub"))  # read at each call
+    with Encoder("example-org/minilm", offline=True) as from_cache:
+        assert from_cache.info.path == str(snapshot)
+        np.testing.assert_allclose(from_cache.encode(TEXTS), server_vectors(embed_server, TEXTS), rtol=0, atol=1e-6)
+    out = run_json(embed_main, "-hf", "example-org/minilm", "--offline", "-p", TEXTS[0], capsys=capsys)
+    assert out["model"] == "example-org/minilm" and len(out["embeddings"][0]) == 384
+
+
 def test_encoder_as_a_ray_data_callable(encoder):
     batch = {"id": np.array([7, 8, 9]), "text": np.array(TEXTS)}
     out = encoder(batch)
     assert list(out["id"]) == [7, 8, 9]
     np.testing.assert_array_equal(out["embedding"], encoder.encode(TEXTS))
+    with pytest.raises(InvalidInput, match="texts must be strings"):
+        encoder({"text": np.array([TEXTS[0], None], dtype=object)})
 
 
 def test_reranker_equals_server(reranker, rerank_server):
@@ -158,6 +187,24 @@ def test_reranker_predict_mixes_queries_and_is_a_ray_callable(reranker, rerank_s
     np.testing.assert_allclose(reranker.predict(pairs), expected, rtol=0, atol=1e-6)
     out = reranker({"query": np.array([q for q, _ in pairs]), "document": np.array([d for _, d in pairs])})
     np.testing.assert_allclose(out["score"], expected, rtol=0, atol=1e-6)
+
+
+def test_generative_reranker_instruction_reaches_the_prompt(tmp_path, capsys):
+    folder = make_checkpoint(tmp_path / "qwen3-reranker")  # a tiny random Qwen3 with the card's yes/no recipe
+    query, documents, task = "What is the capital of China?", ["The capital of China is Beijing.", "Gravity."], \
+        "Judge if the document answers a geography question"
+    with ServerProcess("-m", str(folder), "--reranking", "--offline") as srv:
+        expected = {}
+        for instruction in (None, task):
+            body = {"query": query, "documents": documents, **({"instruction": instruction} if instruction else {})}
+            results = srv.post("/v1/rerank", json=body).json()["results"]
+            expected[instruction] = [r["relevance_score"] for r in sorted(results, key=lambda r: r["index"])]
+    assert expected[None] != expected[task]
+    out = run_json(rerank_main, "-m", str(folder), "-q", query, *(a for d in documents for a in ("-d", d)),
+                   "--instruction", task, capsys=capsys)
+    assert out["kind"] == "generative-reranker" and out["scores"] == expected[task]
+    with Reranker(folder) as rr:
+        np.testing.assert_allclose(rr.predict([(query, d) for d in documents]), expected[None], rtol=0, atol=1e-6)
 
 
 def test_context_manager_releases_the_model():
@@ -203,6 +250,10 @@ def test_mlx_embed_refuses_what_it_cannot_do(capsys):
     assert "--input" in capsys.readouterr().err
     assert embed_main(["-m", str(minilm_dir()), "-p", "word " * 600]) == 1
     assert "602 tokens" in capsys.readouterr().err
+    assert embed_main(["-m", str(minilm_dir()), "-p", "x", "--rows-per-group", "8", "--quiet"]) == 1
+    assert "--rows-per-group, --quiet: corpus mode options" in capsys.readouterr().err
+    assert embed_main(["-m", str(minilm_dir()), "--input", "c.txt", "--output", "o.parquet", "--json"]) == 1
+    assert "--json prints the vectors of -p texts" in capsys.readouterr().err
     assert embed_main(["--no-such-flag"]) == 1
     assert "invalid argument: --no-such-flag" in capsys.readouterr().err
 
