@@ -164,21 +164,21 @@ class Worker:
             self._serve_lane()
 
     def _serve_lane(self) -> None:
-        """Serve passes until closed. One lane runs two stages: while one pass computes, the next batch is
-        picked, assembled and queued behind it. With several lanes, another lane does that instead (a lane
-        that held a second batch back would keep it from an idle lane)."""
+        """Serve passes until closed. A single lane runs two stages: while one pass computes, the next batch is
+        picked, assembled and queued behind it. With several lanes another lane does that instead (a lane that
+        held a second batch back would keep it from an idle lane)."""
+        two_stages = self._lanes == 1
         in_flight: _Launched | None = None
-        while True:
-            batch = self._take_batch(wait=in_flight is None)
+        while (batch := self._take_batch(wait=in_flight is None)) is not None:
             launched = self._launch(batch) if batch else None
             if in_flight is not None:
                 self._finish(in_flight)
             in_flight = launched
-            if batch is None:
-                return
-            if self._lanes > 1 and in_flight is not None:
+            if not two_stages and in_flight is not None:
                 self._finish(in_flight)
                 in_flight = None
+        if in_flight is not None:
+            self._finish(in_flight)
 
     def _take_batch(self, wait: bool) -> list[WorkItem] | None:
         """The next batch; [] when nothing waits and `wait` is false; None once closed."""
