@@ -27,6 +27,7 @@ from compat.middleware import (
     PayloadLimitMiddleware,
     TimingMiddleware,
 )
+from compat.openapi import OpenApiResource, openapi_document
 from compat.resources.embeddings import EmbeddingsResource
 from compat.resources.info import HealthResource, MetricsResource, SlotsResource
 from compat.resources.models import ModelActionResource, ModelsResource, PropsResource
@@ -92,7 +93,7 @@ def create_app(settings: Settings, engine: Engine | ModelRouter, lifecycle: Life
         "/models": listing,
         "/v1/models": listing,
         "/slots": SlotsResource(models, settings),
-        "/metrics": MetricsResource(models, settings, started_unix=int(time.time())),
+        "/metrics": MetricsResource(models, settings, started_unix=int(time.time()), lifecycle=lifecycle),
         "/embedding": embeddings,  # legacy name
         "/embeddings": embeddings,
         "/v1/embeddings": EmbeddingsResource(models, oai=True),
@@ -108,6 +109,9 @@ def create_app(settings: Settings, engine: Engine | ModelRouter, lifecycle: Life
     if router is not None:  # llama's router-mode model management
         routes.update({"/models/load": ModelActionResource(router.load),
                        "/models/unload": ModelActionResource(router.unload)})
+    openapi = OpenApiResource()
+    routes["/openapi.json"] = openapi
     for path, resource in routes.items():
         app.add_route(path, resource)
+    openapi.document = openapi_document(app, settings, _version())  # every route declared, or this raises
     return app

@@ -1,4 +1,5 @@
-"""The `mlx-embed-server` command: llama-server's command line, then the server."""
+"""The commands: `mlx-embed-server` (llama-server's command line, then the server), and the offline `mlx-embed`
+and `mlx-rerank` (compat/tools.py, compat/corpus.py)."""
 from __future__ import annotations
 
 import logging
@@ -6,7 +7,15 @@ import os
 import sys
 
 from compat.models import read_catalog
-from compat.settings import HelpRequested, Settings, SettingsError, parse_settings
+from compat.settings import (
+    EmbedCommand,
+    HelpRequested,
+    RerankCommand,
+    Settings,
+    SettingsError,
+    parse_command,
+    parse_settings,
+)
 
 _LEVELS = {0: logging.ERROR, 1: logging.ERROR, 2: logging.WARNING, 3: logging.INFO}
 
@@ -40,6 +49,45 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     return server.run(settings, catalog)
+
+
+def _offline(command: type[EmbedCommand] | type[RerankCommand], argv: list[str] | None) -> int:
+    try:
+        options = parse_command(command, sys.argv[1:] if argv is None else argv)
+    except HelpRequested as help_text:
+        print(help_text.text, end="")
+        return 0
+    except SettingsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    from compat import tools  # imports the engine once the options are valid
+
+    tools.configure_logging(options.verbose)
+    try:
+        if isinstance(options, RerankCommand):
+            return tools.rerank_documents(options, sys.stdout)
+        if options.input is not None:
+            from compat import corpus
+
+            try:
+                return corpus.run_command(options, progress_to=sys.stderr)
+            except corpus.JobFailed as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 1
+        return tools.embed_texts(options, sys.stdout)
+    except (SettingsError, tools.EngineError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+def embed_main(argv: list[str] | None = None) -> int:
+    """mlx-embed: texts (-p) to vectors, or a corpus (--input) to Parquet."""
+    return _offline(EmbedCommand, argv)
+
+
+def rerank_main(argv: list[str] | None = None) -> int:
+    """mlx-rerank: one query, documents scored and ranked."""
+    return _offline(RerankCommand, argv)
 
 
 if __name__ == "__main__":

@@ -87,6 +87,13 @@ def too_large(message: str) -> ApiError:
     return ApiError(413, INVALID_REQUEST, message)
 
 
+def check_client_batch(n_items: int, limit: int, what: str) -> None:
+    """--max-client-batch-size (TEI's): a request with more inputs than that is refused for good."""
+    if n_items > limit:
+        raise too_large(f"this request has {n_items} {what}; the server accepts at most {limit} per request "
+                        f"(--max-client-batch-size)")
+
+
 def not_found() -> TransportError:
     return TransportError(404, NOT_FOUND, "File Not Found")
 

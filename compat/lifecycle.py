@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 ARRIVED_KEY = "mlx_embed.arrived"  # environ: time.monotonic() when the request's first bytes arrived
 SHUTTING_DOWN = "Server is shutting down"
+OBSERVABLE = frozenset({"/metrics"})  # still answered while draining: the drain itself is watched there
 
 
 class Lifecycle:
@@ -62,7 +63,8 @@ class Lifecycle:
 
 
 class LifecycleMiddleware:
-    """First in the chain: counts every request; while draining, answers 503 to /health and to newcomers."""
+    """First in the chain: counts every request; while draining, answers 503 to /health and to newcomers
+    (but /metrics)."""
 
     def __init__(self, lifecycle: Lifecycle, settings: Settings):
         self._lifecycle = lifecycle
@@ -75,7 +77,8 @@ class LifecycleMiddleware:
         if not lifecycle.draining:
             return
         # (the listener closes the connection after each answer while draining)
-        if not lifecycle.admits(req.env.get(ARRIVED_KEY)) or strip_prefix(req.path, self._prefix) in PUBLIC_PATHS:
+        path = strip_prefix(req.path, self._prefix)
+        if path in PUBLIC_PATHS or (not lifecycle.admits(req.env.get(ARRIVED_KEY)) and path not in OBSERVABLE):
             raise TransportError(503, UNAVAILABLE, SHUTTING_DOWN)
 
     def process_response(self, req: falcon.Request, resp: falcon.Response, resource: Any,

@@ -166,8 +166,8 @@ def _kind_of(settings: Settings) -> Kind:
 
 
 def _reference(ref: str, problem: str) -> IniEntry:
-    """The option a REF stands for: a folder that exists is -m, an org/name is -hf."""
-    if Path(ref).expanduser().is_dir():
+    """The option a REF stands for: a folder or (GGUF) file that exists is -m, an org/name[:quant] is -hf."""
+    if Path(ref).expanduser().exists():
         return IniEntry("model", ref, 0)
     if _REPOSITORY.fullmatch(ref):
         return IniEntry("hf-repo", ref, 0)

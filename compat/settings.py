@@ -36,7 +36,7 @@ from engine.types import DEFAULT_MODEL_NAME, EngineOptions, Pooling
 
 logger = logging.getLogger(__name__)
 
-Kind = Literal["value", "flag", "paired", "accumulating"]
+Kind = Literal["value", "flag", "paired", "accumulating", "repeated"]
 
 GROUPS = ("server", "model", "embeddings", "batching", "models", "http", "logging", "ignored-for-compatibility")
 
@@ -71,7 +71,8 @@ def option(
     """A Settings field that is also an option.
 
     kind: value (takes one argument), flag (no argument, can only turn on), paired (`--x` / `--no-x`; the
-    `--no-` spellings are derived) or accumulating (comma-separated, repeats append). `implies`: other
+    `--no-` spellings are derived), accumulating (comma-separated, repeats append) or repeated (each occurrence
+    appends its whole value, commas included: the offline commands' texts). `implies`: other
     fields a flag also sets when it is given (`--reranking` turns on embedding with rank pooling). `per_model`:
     each model of a several-model server has its own value (a model section may set it); the others are
     server-wide. `secret`: the value never appears in a repr (API keys).
@@ -203,10 +204,10 @@ class Settings(BaseSettings):
              "re-read on SIGHUP or POST /models?reload=1")
     embedding_model: list[str] = option(
         [], flags=["--embedding-model"], kind="accumulating", env="LLAMA_ARG_EMBEDDING_MODEL", metavar="REF[=ALIAS]",
-        group="models", help="also serve this embedding model (a folder or org/name repository); repeatable")
+        group="models", help="also serve this embedding model (a folder, a .gguf file or an org/name[:QUANT] repository); repeatable")
     reranker_model: list[str] = option(
         [], flags=["--reranker-model"], kind="accumulating", env="LLAMA_ARG_RERANKER_MODEL", metavar="REF[=ALIAS]",
-        group="models", help="also serve this reranker (a folder or org/name repository); repeatable")
+        group="models", help="also serve this reranker (a folder, a .gguf file or an org/name[:QUANT] repository); repeatable")
     models_max: int = option(
         4, flags=["--models-max"], env="LLAMA_ARG_MODELS_MAX", metavar="N", group="models",
         help="most models loaded at once; the least recently used idle one is unloaded first; 0 = no limit")
@@ -425,9 +426,10 @@ def _converter(annotation: Any) -> Callable[[str], Any]:
     return str
 
 
-def _declared_options() -> list[_Option]:
+def _declared_options(declaring: type[BaseSettings]) -> list[_Option]:
+    """The options `declaring`'s fields declare, then (for the server's Settings) llama's ignored ones."""
     options = []
-    for name, info in Settings.model_fields.items():
+    for name, info in declaring.model_fields.items():
         meta = info.json_schema_extra
         assert isinstance(meta, dict), f"{name} is not declared with option()"
         kind = meta["kind"]
@@ -438,6 +440,8 @@ def _declared_options() -> list[_Option]:
             arity="none" if kind in ("flag", "paired") else "one", choices=(), metavar=meta["metavar"],
             help=meta["help"], group=meta["group"], default=info.get_default(call_default_factory=True),
             implies=meta["implies"], convert=_converter(info.annotation), per_model=meta["per_model"]))
+    if declaring is not Settings:
+        return options
     ignored: list[tuple[str, Literal["none", "one", "optional"], tuple[str, ...]]] = [
         *((spellings, "one", ()) for spellings in _IGNORED_WITH_VALUE),
         *((spellings, "none", ()) for spellings in _IGNORED_FLAGS),
@@ -452,13 +456,14 @@ def _declared_options() -> list[_Option]:
     return options
 
 
-_OPTIONS = _declared_options()
+_OPTIONS = _declared_options(Settings)
 
 
-def _spelling_index(spelling_of: Callable[[str], str]) -> dict[str, tuple[_Option, bool]]:
+def _spelling_index(spelling_of: Callable[[str], str],
+                    options: Sequence[_Option] = _OPTIONS) -> dict[str, tuple[_Option, bool]]:
     """Every spelling -> (its option, whether the spelling negates it); a spelling declared twice is a bug."""
     index: dict[str, tuple[_Option, bool]] = {}
-    for opt in _OPTIONS:
+    for opt in options:
         for spelling, negated in [*((f, False) for f in opt.flags), *((f, True) for f in opt.no_flags)]:
             key = spelling_of(spelling)
             assert key not in index, f"option spelling {spelling} declared twice"
@@ -531,7 +536,8 @@ class _Arg:
     negated: bool
 
 
-def _read_command_line(argv: list[str]) -> list[_Arg]:
+def _read_command_line(argv: list[str], by_flag: Mapping[str, tuple[_Option, bool]] = _BY_FLAG,
+                       help_text: Callable[[], str] = lambda: format_help()) -> list[_Arg]:
     """Split argv into options and their values, before anything is applied."""
     found = []
     i = 0
@@ -543,10 +549,10 @@ def _read_command_line(argv: list[str]) -> list[_Arg]:
         if name.startswith("--"):
             name = name.replace("_", "-")
         if name in _HELP_FLAGS:
-            raise HelpRequested(format_help())
-        if name not in _BY_FLAG:
+            raise HelpRequested(help_text())
+        if name not in by_flag:
             raise SettingsError(f"invalid argument: {token}")
-        opt, negated = _BY_FLAG[name]
+        opt, negated = by_flag[name]
         if opt.arity == "none" and inline is not None:
             raise SettingsError(f'error while handling argument "{name}": this option takes no value')
         if opt.arity == "one" and inline is None:
@@ -591,6 +597,8 @@ class _Resolver:
                 self.values.update(opt.implies)
         elif opt.kind == "accumulating":
             self._extend(opt.field, _csv(value), layer)
+        elif opt.kind == "repeated":
+            self._extend(opt.field, [value], layer)
         else:
             self.values[opt.field] = opt.convert(value)
             if opt.field == "api_key_file":
@@ -745,14 +753,15 @@ def parse_settings(
     return settings
 
 
-def _build(values: dict[str, Any], where: str = "") -> Settings:
+def _build(values: dict[str, Any], where: str = "", declaring: type[BaseSettings] = Settings,
+           by_field: Mapping[str, _Option] = _BY_FIELD) -> Any:
     """Validate resolved values; `where` prefixes the message (a model's section)."""
     try:
-        return Settings(**values)
+        return declaring(**values)
     except ValidationError as exc:
         problems = []
         for error in exc.errors():
-            opt = _BY_FIELD[str(error["loc"][0])]
+            opt = by_field[str(error["loc"][0])]
             message = str(error["msg"]).removeprefix("Value error, ")
             problems.append(f"invalid value for {', '.join(opt.flags)}: {message}")
         raise SettingsError(where + "; ".join(problems)) from None
@@ -805,19 +814,23 @@ def _shown_default(opt: _Option) -> str:
 
 def format_help() -> str:
     """The -h text: every option by group, with its value, default and environment variable."""
-    lines = [
+    return _help_text(_OPTIONS, GROUPS, [
         "usage: mlx-embed-server [options]",
         "",
         "A llama-server compatible embeddings and reranking server on MLX. Options are read, low to high, from",
         "/etc/llama.cpp/config.ini, ${XDG_CONFIG_HOME:-$HOME/.config}/llama.cpp/config.ini, --config FILE,",
         "the environment and the command line.",
         f"Example config files: {config_examples_dir()}",
-        "",
-        f"  {'-h, --help, --usage':<48} print this help and exit",
-    ]
-    for group in GROUPS:
-        lines += ["", f"{group}:"]
-        for opt in (o for o in _OPTIONS if o.group == group):
+    ])
+
+
+def _help_text(options: Sequence[_Option], groups: Sequence[str], intro: list[str]) -> str:
+    lines = [*intro, "", f"  {'-h, --help, --usage':<48} print this help and exit"]
+    for group in groups:
+        in_group = [o for o in options if o.group == group]
+        if in_group:
+            lines += ["", f"{group}:"]
+        for opt in in_group:
             head = ", ".join(opt.flags + opt.no_flags) + (f" {opt.metavar}" if opt.metavar else "")
             text = opt.help if opt.kind == "ignored" else f"{opt.help} (default: {_shown_default(opt)})"
             if opt.env:
@@ -836,3 +849,162 @@ def option_table() -> list[dict[str, Any]]:
          "default": opt.default, "help": opt.help, "group": opt.group, "kind": opt.kind, "per_model": opt.per_model}
         for opt in _OPTIONS
     ]
+
+
+# -- the offline commands (mlx-embed, mlx-rerank) ---------------------------------------------------------------
+# Their own options are declared below like the server's; those they share with the server (-m, -hf, --pooling,
+# --embd-normalize, --truncate, ...) are the server's declarations, reused. They read the command line only:
+# no config files, no environment (a server's LLAMA_ARG_* must not change a one-off command).
+
+
+def shared_option(name: str, **changes: Any) -> Any:
+    """Settings' option `name` for an offline command; `changes` replace parts of its declaration (help, flags)."""
+    info = Settings.model_fields[name]
+    assert isinstance(info.json_schema_extra, dict)
+    extra = {**info.json_schema_extra, "env": None, "per_model": False, "group": "model", **changes}
+    default = info.get_default(call_default_factory=True)
+    return Field(default_factory=list, json_schema_extra=extra) if default == [] else Field(default, json_schema_extra=extra)
+
+
+class _ModelOptions(BaseSettings):
+    """What both commands share: the model, how it is loaded, and its limits."""
+
+    model_config = SettingsConfigDict(extra="forbid")
+
+    model: str | None = shared_option(
+        "model", help="a folder in Hugging Face layout, or an org/name repository of the Hugging Face cache; "
+                      "neither -m nor -hf: the bundled all-MiniLM-L6-v2 (mlx-embed)")
+    hf_repo: str | None = shared_option("hf_repo")
+    offline: bool = shared_option("offline")
+    truncate: bool = shared_option("truncate")
+    max_seq: int = shared_option("max_seq", flags=["--max-length", "--max-seq"])
+    ubatch_size: int = shared_option("ubatch_size")
+    threads: int = shared_option("threads")
+    instruction: str | None = option(
+        None, flags=["--instruction"], metavar="TEXT", group="model",
+        help="the task instruction: an embedding model's instruction template (when its family has one), a "
+             "generative reranker's <Instruct>")
+    json_output: bool = option(False, flags=["--json"], kind="flag", group="output", help="print one JSON object")
+    verbose: bool = option(False, flags=["-v", "--verbose"], kind="flag", group="output",
+                           help="log what the engine does (the load, its limits) on stderr")
+
+    # Settings fields these map onto, for the engine's options (one conversion: Settings.engine_options).
+    _ENGINE_FIELDS = ("hf_repo", "offline", "truncate", "max_seq", "ubatch_size", "threads")
+
+    def engine_settings(self, **more: Any) -> Settings:
+        return Settings(**{name: getattr(self, name) for name in self._ENGINE_FIELDS}, **more)
+
+
+class EmbedCommand(_ModelOptions):
+    """mlx-embed: embed texts given on the command line, or a corpus file into Parquet."""
+
+    prompt: list[str] = option([], flags=["-p", "--prompt"], kind="repeated", metavar="TEXT", group="input",
+                               help="a text to embed; repeat for several")
+    prompt_name: str | None = option(
+        None, flags=["--prompt-name"], metavar="NAME", group="model",
+        help="a prompt of the model's config_sentence_transformers.json put before every text")
+    dimensions: int | None = option(None, flags=["--dimensions"], metavar="N", group="model",
+                                    help="keep the first N components of each vector (Matryoshka), then normalize")
+    pooling: Pooling | None = shared_option("pooling")
+    embd_normalize: int = shared_option(
+        "embd_normalize", help="normalization of the vectors: -1 none, 0 max absolute, 1 taxicab, 2 Euclidean, "
+                               ">2 p-norm")
+    batch_size: int = option(0, flags=["--batch-size"], metavar="N", group="model",
+                             help="most texts in one forward pass; 0 = the engine's limits (as the server's)")
+    max_batch_tokens: int = shared_option("max_batch_tokens")
+
+    input: str | None = option(None, flags=["--input"], metavar="FILE", group="corpus",
+                               help="embed a corpus file: JSON lines, CSV, Parquet, or plain text (one document per "
+                                    "line), by its extension (.jsonl/.json/.ndjson, .csv, .parquet, else text)")
+    output: str | None = option(None, flags=["--output"], metavar="FILE", group="corpus",
+                                help="the Parquet file a corpus is written to (needed with --input)")
+    text_field: str = option("text", flags=["--text-field"], metavar="NAME", group="corpus",
+                             help="the field (column) holding each document's text")
+    id_field: str = option("id", flags=["--id-field"], metavar="NAME", group="corpus",
+                           help="the field (column) holding each document's id; inputs without it are numbered "
+                                "by line (row)")
+    resume: bool = option(False, flags=["--resume"], kind="flag", group="corpus",
+                          help="continue an interrupted run of the same command from its finished row groups")
+    rows_per_group: int = option(1024, flags=["--rows-per-group"], metavar="N", group="corpus",
+                                 help="input rows per Parquet row group, the unit of --resume")
+    quiet: bool = option(False, flags=["--quiet"], kind="flag", group="corpus",
+                         help="no progress bar (it is shown only when stderr is a terminal)")
+    ray: bool = option(False, flags=["--ray"], kind="flag", group="ray",
+                       help="run the corpus job on Ray Data: a local Ray instance, or --ray-address's cluster")
+    ray_address: str | None = option(None, flags=["--ray-address"], metavar="ADDR", group="ray",
+                                     implies={"ray": True},
+                                     help="the Ray cluster to run on (ray://host:10001, host:6379 or auto)")
+    ray_actors: int = option(2, flags=["--ray-actors"], metavar="N", group="ray",
+                             help="actors embedding at once, one engine each (each takes -t CPUs, default 1)")
+
+    def engine_settings(self, **more: Any) -> Settings:
+        return super().engine_settings(pooling=self.pooling, max_batch_tokens=self.max_batch_tokens, **more)
+
+    def corpus_flags_given(self) -> list[str]:
+        """The corpus-mode options (--output, --resume, --ray, ...) set away from their defaults: without --input
+        they would do nothing, so the command refuses them."""
+        return [opt.flags[0] for opt in command_options(EmbedCommand)
+                if opt.group in ("corpus", "ray") and opt.field != "input" and getattr(self, opt.field) != opt.default]
+
+    @field_validator("batch_size", "rows_per_group", "ray_actors")
+    @classmethod
+    def _count(cls, value: int, info: Any) -> int:
+        least = 0 if info.field_name == "batch_size" else 1
+        if value < least:
+            raise ValueError(f"must be {least} or more")
+        return value
+
+
+class RerankCommand(_ModelOptions):
+    """mlx-rerank: score documents against a query."""
+
+    query: str | None = option(None, flags=["-q", "--query"], metavar="TEXT", group="input",
+                               help="the query")
+    document: list[str] = option([], flags=["-d", "--document"], kind="repeated", metavar="TEXT", group="input",
+                                 help="a document to score; repeat for several")
+    top_n: int | None = option(None, flags=["--top-n"], metavar="N", group="output",
+                               help="rank only the N best documents (scores still list every document)")
+    rerank_sigmoid: bool = shared_option("rerank_sigmoid")
+
+    def engine_settings(self, **more: Any) -> Settings:
+        return super().engine_settings(rerank_sigmoid=self.rerank_sigmoid, **more)
+
+    @field_validator("top_n")
+    @classmethod
+    def _top_n(cls, value: int | None) -> int | None:
+        if value is not None and value < 1:
+            raise ValueError("must be 1 or more")
+        return value
+
+
+_COMMAND_GROUPS = ("model", "input", "output", "corpus", "ray")
+_COMMAND_USAGE = {
+    EmbedCommand: ["usage: mlx-embed [-m REF | -hf REPO] -p TEXT [-p TEXT ...] [options]",
+                   "       mlx-embed [-m REF | -hf REPO] --input FILE --output OUT.parquet [options]",
+                   "",
+                   "Embeds texts with the server's engine (same loader, pooling, normalization and batching), no "
+                   "listener."],
+    RerankCommand: ["usage: mlx-rerank [-m REF | -hf REPO] -q QUERY -d DOC [-d DOC ...] [options]",
+                    "",
+                    "Scores documents against a query with the server's engine and its score contract."],
+}
+
+
+def command_options(command: type[BaseSettings]) -> list[_Option]:
+    return _declared_options(command)
+
+
+def command_help(command: type[BaseSettings]) -> str:
+    return _help_text(command_options(command), _COMMAND_GROUPS, _COMMAND_USAGE[command])
+
+
+def parse_command(command: type[_ModelOptions], argv: list[str]) -> Any:
+    """An offline command's options from its command line (argv without the program name)."""
+    options = command_options(command)
+    by_flag = _spelling_index(lambda flag: flag, options)
+    args = _read_command_line(argv, by_flag, lambda: command_help(command))
+    resolver = _Resolver(quiet=True)
+    for arg in args:
+        with _handling(f'argument "{arg.spelling}"'):
+            resolver.apply(arg.opt, not arg.negated if arg.value is None else arg.value, "cli")
+    return _build(resolver.values, declaring=command, by_field={opt.field: opt for opt in options if opt.field})

@@ -9,6 +9,7 @@ blas.bind()
 from engine import errors  # noqa: E402
 from engine.checkpoint import default_model  # noqa: E402
 from engine.normalize import normalize_embedding  # noqa: E402
+from engine.offline import Encoder, Reranker  # noqa: E402
 from engine.residency import Lease, Residency  # noqa: E402
 from engine.service import Engine  # noqa: E402
 from engine.types import (  # noqa: E402
@@ -24,6 +25,6 @@ from engine.types import (  # noqa: E402
                           VocabType,
 )
 
-__all__ = ["DEFAULT_MODEL_NAME", "EmbedResult", "Engine", "EngineOptions", "Lease", "ModelInfo", "ModelState",
-           "Pooling", "RerankResult", "Residency", "ResidencyStatus", "Timings", "VocabType", "default_model",
-           "errors", "normalize_embedding"]
+__all__ = ["DEFAULT_MODEL_NAME", "EmbedResult", "Encoder", "Engine", "EngineOptions", "Lease", "ModelInfo",
+           "ModelState", "Pooling", "RerankResult", "Reranker", "Residency", "ResidencyStatus", "Timings", "VocabType",
+           "default_model", "errors", "normalize_embedding"]

@@ -17,6 +17,11 @@ from engine.types import Pooling
 MODEL_TYPE_ALIASES = {"xlm-roberta": "xlm_roberta", "siglip_text_model": "siglip", "mistral": "llama",
                       "llama_bidirec": "llama", "new": "gte"}
 
+# transformers' names for architectures whose published checkpoints spell them otherwise.
+ARCHITECTURE_ALIASES = {"GteModel": "NewModel", "GteForMaskedLM": "NewForMaskedLM",
+                        "GteForTokenClassification": "NewForTokenClassification",
+                        "GteForSequenceClassification": "NewForSequenceClassification"}
+
 # What each family file serves, by architectures[0] ("" = a config without architectures).
 EMBEDDERS = {
     "bert": {"", "BertModel", "BertForMaskedLM", "BertForPreTraining"},
@@ -29,8 +34,7 @@ EMBEDDERS = {
     "gemma3_text": {"", "Gemma3TextModel", "Gemma3ForCausalLM"},
     "nomic_bert": {"", "NomicBertModel", "NomicBertForPreTraining"},
     # gte-multilingual-base ships as NewForTokenClassification (its sparse-weight head); the trunk embeds
-    "gte": {"", "NewModel", "GteModel", "NewForMaskedLM", "GteForMaskedLM", "NewForTokenClassification",
-            "GteForTokenClassification"},
+    "gte": {"", "NewModel", "NewForMaskedLM", "NewForTokenClassification"},
     "siglip": {"", "SiglipModel", "SiglipTextModel"},
 }
 CROSS_ENCODERS = {
@@ -90,6 +94,7 @@ def kind_of(checkpoint: Checkpoint, rank: bool = False) -> str:
 
         return CROSS_ENCODER if is_reranker(checkpoint.gguf) else EMBEDDER
     name, arch = family_name(checkpoint), checkpoint.architecture
+    arch = ARCHITECTURE_ALIASES.get(arch, arch)
     if CROSS_ENCODERS.get(name) == arch:
         return CROSS_ENCODER
     # A sentence-transformers pooling layout (1_Pooling, a Pooling module) marks an embedding export, such as
@@ -172,11 +177,12 @@ def _load_gguf(checkpoint: Checkpoint, kind: str) -> LoadedModel:
     """A GGUF file: the same families, weights named by the file's map; identity counted as llama.cpp does."""
     from engine.gguf import load as gguf_load
 
-    model, trunk, name = gguf_load.build(checkpoint)
+    model, trunk, name, projection = gguf_load.build(checkpoint)
     n_params, size = gguf_load.file_counts(checkpoint.gguf)
     return LoadedModel(model=model, family=name, kind=kind, n_params=n_params, size_bytes=size,
                        ftype=gguf_load.ftype(checkpoint.gguf), default_pooling=Pooling.NONE,
-                       n_positions=trunk.n_positions, hidden_size=trunk.hidden_size)
+                       n_positions=trunk.n_positions,
+                       hidden_size=projection.out_dims if projection else trunk.hidden_size, projection=projection)
 
 
 def is_bidirectional(config: dict) -> bool:

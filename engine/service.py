@@ -164,26 +164,54 @@ class Engine:
         return self.tokenizer.encode_prompt(parts, add_special, parse_special)
 
     def token_pieces(self, ids: Sequence[int]) -> list[str | list[int]]:
-        return self.tokenizer.pieces(ids)
+        return self.tokenizer.pieces(self._known(ids))
 
     def decode(self, ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(ids)
+        return self.tokenizer.decode(self._known(ids))
+
+    def _known(self, ids: Sequence[int]) -> Sequence[int]:
+        """Ids in [0, n_vocab): the tokenizer library overflows (or invents text) on anything else."""
+        if ids and (min(ids) < 0 or max(ids) >= self.tokenizer.n_vocab):
+            raise InvalidTokens("Prompt contains invalid tokens")
+        return ids
 
     # -- requests ---------------------------------------------------------------------------------
     def format_prompts(self, prompts: Sequence[Sequence[str | int]], prompt_name: str | None = None,
-                       instruction: str | None = None) -> list[list[str | int]]:
+                       instruction: str | None = None, truncate: bool | None = None) -> list[list[str | int]]:
         """Apply a request's prompt_name / instruction (or the default prompt) to its text prompts.
 
         A model whose texts go through its chat template gets them rendered and tokenized here (the prompt as a
-        system message, as sentence-transformers does): those prompts come back as token ids.
+        system message, as sentence-transformers does): those prompts come back as token ids, already truncated
+        when `truncate` (None: the server's --truncate) lets an over-long one be cut.
         """
         info = self._require_embedder()
         if self._chat is None:
             return format_prompts(info, prompts, prompt_name, instruction)
         choice = choose_prompt(info, prompt_name, instruction)
-        chat, tok = self._chat, self.tokenizer
-        return [tok.encode(chat.render(choice.apply(p[0]) if choice.instruction else p[0], choice.prefix),
-                           add_special=False) if is_text(p) else list(p) for p in prompts]
+        cut = self.options.truncate if truncate is None else truncate
+        return [self._chat_ids(choice.apply(p[0]) if choice.instruction else p[0], choice.prefix, info, cut)
+                if is_text(p) else list(p) for p in prompts]
+
+    def _chat_ids(self, text: str, system: str | None, info: ModelInfo, truncate: bool) -> list[int]:
+        """One chat-templated input's tokens. Truncated as sentence-transformers does: cut to the model's
+        length, then the template's tail (the tokens the render ends with whatever the content) written back
+        over the last ones, so last-token pooling still reads the template's final token."""
+        tok = self.tokenizer
+        ids = tok.encode(self._chat.render(text, system), add_special=False)
+        if not truncate or len(ids) <= info.max_input_tokens:
+            return ids
+        tails = [tok.encode(self._chat.render(filler, system), add_special=False) for filler in ("0", "1 2 3 4")]
+        common = 0
+        for a, b in zip(reversed(tails[0]), reversed(tails[1])):
+            if a != b:
+                break
+            common += 1
+        suffix = tails[0][len(tails[0]) - common:] if 0 < common < min(map(len, tails)) else []
+        ids = ids[:info.truncate_tokens]
+        keep = min(len(suffix), len(ids))
+        if keep:
+            ids[-keep:] = suffix[-keep:]
+        return ids
 
     def embed_prompts(self, prompts: Sequence[Sequence[str | int]], *, truncate: bool | None = None,
                       timeout_s: float = 3600) -> EmbedResult:

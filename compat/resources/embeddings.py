@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import falcon
 
-from compat.errors import bad_request
+from compat.errors import bad_request, check_client_batch
 from compat.models import EMBEDDING
 from compat.resources.leasing import model_request
 from compat.routing import Models
@@ -26,7 +26,9 @@ class EmbeddingsResource:
             request = parse_embeddings_request(body(), oai_route=self._oai,
                                                default_normalize=served.settings.embd_normalize,
                                                width=served.engine.info.n_embd)
-            prompts = served.engine.format_prompts(request.prompts, request.prompt_name, request.instruction)
+            check_client_batch(len(request.prompts), served.settings.max_client_batch_size, "inputs")
+            prompts = served.engine.format_prompts(request.prompts, request.prompt_name, request.instruction,
+                                                   request.truncate)
             result = served.engine.embed_prompts(prompts, truncate=request.truncate, timeout_s=served.remaining_s)
             served.record(result)
         resp.media = render_embeddings_response(request, result, served.name)

@@ -7,12 +7,14 @@ from typing import TYPE_CHECKING
 import falcon
 
 from compat.errors import not_supported
+from compat.lifecycle import Lifecycle
 from compat.routing import Models
 from compat.wire.info import render_health_response, render_slots_response
 from compat.wire.metrics import (
     prompt_throughput,
     render_metrics_response,
     render_model_metrics,
+    render_server_metrics,
 )
 
 if TYPE_CHECKING:
@@ -52,10 +54,11 @@ class MetricsResource:
 
     Several models: llama's totals summed over them, then each model's own metrics."""
 
-    def __init__(self, models: Models, settings: Settings, started_unix: int):
+    def __init__(self, models: Models, settings: Settings, started_unix: int, lifecycle: Lifecycle):
         self._models = models
         self._settings = settings
         self._started_unix = started_unix
+        self._lifecycle = lifecycle
         self._previous: dict[str, float] | None = None
         self._lock = threading.Lock()  # one instance serves every waitress thread
 
@@ -69,6 +72,8 @@ class MetricsResource:
         views = self._models.describe()
         resp.content_type = METRICS_CONTENT_TYPE
         resp.set_header("Process-Start-Time-Unix", str(self._started_unix))
-        resp.text = render_metrics_response(stats, throughput) + (render_model_metrics(views) if views else "")
+        resp.text = (render_metrics_response(stats, throughput)
+                     + render_server_metrics(self._lifecycle.in_flight - 1, self._lifecycle.draining)  # not this one
+                     + (render_model_metrics(views) if views else ""))
 
     on_head = on_get

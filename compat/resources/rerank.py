@@ -5,6 +5,7 @@ import uuid
 
 import falcon
 
+from compat.errors import check_client_batch
 from compat.models import RERANK
 from compat.resources.leasing import model_request
 from compat.routing import Models
@@ -19,6 +20,7 @@ class RerankResource:
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         with model_request(req, self._models, RERANK) as (served, body):
             request = parse_rerank_request(body(), cohere_v2=self._cohere_v2)
+            check_client_batch(len(request.texts), served.settings.max_client_batch_size, "documents")
             result = served.engine.rerank(request.query, request.texts, truncate=request.truncate,
                                           instruction=request.instruction, timeout_s=served.remaining_s)
             served.record(result)

@@ -65,6 +65,7 @@ _MODEL_METRICS: tuple[tuple[str, str, str, Callable[[ModelView], float]], ...] =
     ("queue_seconds_total", "counter", "Time inputs waited for the engine thread.", lambda v: v.usage.queue_s),
     ("compute_seconds_total", "counter", "Forward-pass time spent on the model's requests.",
      lambda v: v.usage.compute_s),
+    ("in_use", "gauge", "Requests using the model right now (its load).", lambda v: v.status.in_use),
     ("loaded", "gauge", "1 while the model is loaded.", lambda v: v.status.state is ModelState.LOADED),
     ("load_seconds", "gauge", "How long the model's last load took.", lambda v: v.status.load_s or 0.0),
     ("loaded_bytes", "gauge", "Weight bytes of the model while it is loaded.", lambda v: v.status.loaded_bytes),
@@ -76,6 +77,18 @@ def render_model_metrics(views: Sequence[ModelView]) -> str:
     for name, kind, help_text, value in _MODEL_METRICS:
         lines += [f"# HELP mlx_embed:{name} {help_text}", f"# TYPE mlx_embed:{name} {kind}"]
         lines += [f'mlx_embed:{name}{{model="{_label(view.spec.id)}"}} {_number(value(view))}' for view in views]
+    return "\n".join(lines) + "\n"
+
+
+def render_server_metrics(requests_in_flight: int, draining: bool) -> str:
+    """What an autoscaler or load balancer reads beside llama's queue gauges (requests_processing,
+    requests_deferred): HTTP requests inside the server and whether it is draining after SIGTERM."""
+    lines = []
+    for name, help_text, value in (
+            ("requests_in_flight", "HTTP requests being handled now, every route.", requests_in_flight),
+            ("draining", "1 after SIGTERM/SIGINT while requests in flight finish.", int(draining))):
+        lines += [f"# HELP mlx_embed:{name} {help_text}", f"# TYPE mlx_embed:{name} gauge",
+                  f"mlx_embed:{name} {value}"]
     return "\n".join(lines) + "\n"
 
 

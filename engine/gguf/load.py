@@ -13,6 +13,7 @@ from mlx.utils import tree_flatten
 from engine.checkpoint import Checkpoint
 from engine.errors import UnsupportedCheckpoint
 from engine.gguf.arch import for_architecture
+from engine.heads import Projection
 from engine.gguf.head import RankHead
 from engine.gguf.reader import GGUFFile
 from engine.types import Pooling
@@ -45,14 +46,19 @@ def tensor(gguf: GGUFFile, name: str) -> mx.array:
     return mx.array(values)
 
 
-def build(checkpoint: Checkpoint) -> tuple[nn.Module, nn.Module, str]:
-    """(model, trunk, family name); the model is the trunk itself, or the rank head around it."""
+def build(checkpoint: Checkpoint) -> tuple[nn.Module, nn.Module, str, Projection | None]:
+    """(model, trunk, family name, Dense projection or None); the model is the trunk itself, or the rank head
+    around it."""
     gguf: GGUFFile = checkpoint.gguf
     mapping = for_architecture(gguf.architecture, str(checkpoint.path))
     family = importlib.import_module(f"engine.families.{mapping.FAMILY}")
     trunk = family.Model(family.ModelArgs.from_dict(checkpoint.config))
     trunk_weights, head_weights = {}, {}
+    dense_keys = dict(getattr(mapping, "DENSE", ()))
+    dense_weights = {dense_keys[name]: tensor(gguf, name) for name in gguf.tensors if name in dense_keys}
     for name in gguf.tensors:
+        if name in dense_keys:
+            continue
         hf_key = mapping.key(name)
         if hf_key is not None:
             weight = tensor(gguf, name)
@@ -90,7 +96,22 @@ def build(checkpoint: Checkpoint) -> tuple[nn.Module, nn.Module, str]:
         raise UnsupportedCheckpoint(f"{checkpoint.path}: tensors do not match the {mapping.FAMILY} family: "
                                     f"{exc}") from exc
     mx.eval(model.parameters())
-    return model, trunk, mapping.FAMILY
+    return model, trunk, mapping.FAMILY, _projection(dense_weights, checkpoint)
+
+
+def _projection(dense: dict[str, mx.array], checkpoint: Checkpoint) -> Projection | None:
+    """sentence-transformers' Dense layers kept by the converter (identity activations, no bias)."""
+    if not dense:
+        return None
+    layers = [dense[f"dense.{i}.weight"] for i in range(len(dense))]
+    shapes = [(w.shape[1], w.shape[0], False) for w in layers]
+    if shapes[0][0] != int(checkpoint.config["hidden_size"]) or any(a[1] != b[0] for a, b in zip(shapes, shapes[1:])):
+        raise UnsupportedCheckpoint(f"{checkpoint.path}: Dense layers of widths {shapes} do not chain from the "
+                                    f"hidden size {checkpoint.config['hidden_size']}")
+    projection = Projection(shapes, ("torch.nn.modules.linear.Identity",) * len(shapes))
+    projection.load_weights([(k, v.astype(mx.float32)) for k, v in dense.items()], strict=True)
+    mx.eval(projection.parameters())
+    return projection
 
 
 def file_counts(gguf: GGUFFile) -> tuple[int, int]:

@@ -6,6 +6,9 @@ from collections.abc import Sequence
 from engine.checkpoint import Checkpoint
 from engine.gguf import vocab
 from engine.tokenize import TextTokenizer
+from engine.types import VocabType
+
+_VOCAB_TYPES = {"bert": VocabType.WPM, "gpt2": VocabType.BPE, "llama": VocabType.SPM, "t5": VocabType.UGM}
 
 
 class GGUFTokenizer(TextTokenizer):
@@ -15,6 +18,11 @@ class GGUFTokenizer(TextTokenizer):
         super().__init__(checkpoint, tok)
         if self.rules.pad_id is not None:
             self.pad_id = self.rules.pad_id
+        # /v1/models vocab_type and /tokenize pieces follow the file's tokenizer model, not the structure
+        # it is emulated with (SentencePiece BPE runs on the tokenizers BPE model)
+        self.vocab_type = _VOCAB_TYPES.get(meta.get("tokenizer.ggml.model"), self.vocab_type)
+        if self.vocab_type is VocabType.SPM:
+            self._byte_decoder = None
         # llama-server's rerank prompt of this file (Qwen3 rerankers): plain {query}/{document} substitution
         self.rerank_template: str | None = meta.get("tokenizer.chat_template.rerank")
 
@@ -57,6 +65,13 @@ class GGUFTokenizer(TextTokenizer):
             else:
                 q -= 1
         return query[:q], document[:d]
+
+    def _piece(self, token_id: int) -> str | list[int]:
+        token = self._parsing.id_to_token(token_id)
+        if self.vocab_type is VocabType.SPM and token is not None and len(token) == 6 and token.startswith("<0x") \
+                and token.endswith(">") and token_id not in self._special_ids:
+            return [int(token[3:5], 16)]  # a byte-fallback token is its byte
+        return super()._piece(token_id)
 
     def decode(self, ids: Sequence[int]) -> str:
         """llama-server's /detokenize: the pieces joined (special tokens as their text)."""

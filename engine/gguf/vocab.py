@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
 from engine.errors import UnsupportedCheckpoint
@@ -70,9 +71,13 @@ def build(meta: dict[str, Any], source: str) -> tuple[Tokenizer, SpecialRules]:
         tok, rules = _wordpiece(meta, tokens, types)
     elif model == "gpt2":
         tok, rules = _byte_level_bpe(meta, tokens, types, source)
+    elif model == "t5":
+        tok, rules = _unigram(meta, tokens, types, source)
+    elif model == "llama":
+        tok, rules = _sentencepiece_bpe(meta, tokens, types, source)
     else:
-        raise UnsupportedCheckpoint(f"{source}: tokenizer model {model!r} is not supported "
-                                    f"(supported: bert (WordPiece), gpt2 (byte-level BPE))")
+        raise UnsupportedCheckpoint(f"{source}: tokenizer model {model!r} is not supported (supported: bert "
+                                    f"(WordPiece), gpt2 (byte-level BPE), llama (SentencePiece BPE), t5 (Unigram))")
     _add_specials(tok, tokens, types)
     tok.post_processor = _template(rules, tokens, model == "bert")
     return tok, rules
@@ -145,6 +150,63 @@ def _byte_level_bpe(meta: dict[str, Any], tokens: list[str], types: list[int],
     tok.decoder = decoders.ByteLevel()
     rules = _rules(meta, len(tokens), {"add_bos": pre.add_bos, "add_eos": False, "add_sep": pre.add_sep,
                                        "bos": 11, "eos": 11, "sep": None, "pad": None, "unk": None})
+    return tok, rules
+
+
+def _unigram(meta: dict[str, Any], tokens: list[str], types: list[int],
+             source: str) -> tuple[Tokenizer, SpecialRules]:
+    """SentencePiece unigram (XLM-R and T5 conversions): llama.cpp's UGM normalization is the precompiled
+    charsmap, then (remove_extra_whitespaces) runs of spaces collapsed and both ends stripped, then (add_space_prefix)
+    a leading space, spaces written as the meta symbol."""
+    scores = meta.get("tokenizer.ggml.scores")
+    if scores is None:
+        raise UnsupportedCheckpoint(f"{source}: a unigram tokenizer without tokenizer.ggml.scores")
+    rules = _rules(meta, len(tokens), {"add_bos": False, "add_eos": True, "add_sep": False, "bos": None,
+                                       "eos": 1, "sep": None, "pad": 0, "unk": 2})
+    tok = Tokenizer(models.Unigram([(t, float(sc)) for t, sc in zip(tokens, scores)], unk_id=rules.unk_id,
+                                   byte_fallback=False))
+    steps = []
+    charsmap = meta.get("tokenizer.ggml.precompiled_charsmap")
+    if charsmap is not None and len(charsmap):
+        steps.append(normalizers.Precompiled(np.asarray(charsmap).astype(np.uint8).tobytes()))
+    if _flag(meta, "remove_extra_whitespaces", True):
+        steps += [normalizers.Replace(Regex(" {2,}"), " "), normalizers.Strip(left=True, right=True)]
+    tok.normalizer = normalizers.Sequence(steps)
+    prepend = "always" if _flag(meta, "add_space_prefix", True) else "never"
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement=PHANTOM_SPACE, prepend_scheme=prepend, split=True)
+    tok.decoder = decoders.Metaspace(replacement=PHANTOM_SPACE, prepend_scheme=prepend, split=True)
+    return tok, rules
+
+
+def _sentencepiece_bpe(meta: dict[str, Any], tokens: list[str], types: list[int],
+                       source: str) -> tuple[Tokenizer, SpecialRules]:
+    """llama.cpp's SPM tokenizer (Gemma, Llama 2, Mistral v1 vocabularies): adjacent symbols merge, highest
+    token score first, while the merged text is a token; leftovers fall back to <0xXX> byte tokens. That is BPE
+    whose merges are every split of a token into two tokens, ranked by the merged token's score."""
+    scores = meta.get("tokenizer.ggml.scores")
+    if scores is None:
+        raise UnsupportedCheckpoint(f"{source}: a SentencePiece tokenizer without tokenizer.ggml.scores")
+    vocab = {text: i for i, text in enumerate(tokens)}
+    merged, cuts = [], []
+    for i, text in enumerate(tokens):
+        if len(text) < 2 or types[i] not in (NORMAL, USER_DEFINED, UNUSED):
+            continue
+        for cut in range(1, len(text)):
+            if text[:cut] in vocab and text[cut:] in vocab:
+                merged.append(i)
+                cuts.append(cut)
+    # highest merged-token score first; ties keep vocabulary order
+    order = np.lexsort((np.arange(len(merged)), -np.asarray(scores, dtype=np.float64)[merged]))
+    merges = [(tokens[merged[k]][:cuts[k]], tokens[merged[k]][cuts[k]:]) for k in order.tolist()]
+    rules = _rules(meta, len(tokens), {"add_bos": True, "add_eos": False, "add_sep": False, "bos": 1,
+                                       "eos": 2, "sep": None, "pad": None, "unk": 0})
+    unk = tokens[rules.unk_id] if rules.unk_id is not None else None
+    tok = Tokenizer(models.BPE(vocab, merges, unk_token=unk, byte_fallback=True, fuse_unk=True))
+    steps = [normalizers.Replace(" ", PHANTOM_SPACE)]
+    if _flag(meta, "add_space_prefix", True):
+        steps.insert(0, normalizers.Prepend(PHANTOM_SPACE))
+    tok.normalizer = normalizers.Sequence(steps)
+    tok.decoder = decoders.Sequence([decoders.Replace(PHANTOM_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()])
     return tok, rules
 
 

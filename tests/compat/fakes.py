@@ -80,7 +80,7 @@ class FakeEngine:
             ids += [CLS, *words, SEP] if i == 0 and add_special else words
         return ids
 
-    def format_prompts(self, prompts, prompt_name=None, instruction=None):
+    def format_prompts(self, prompts, prompt_name=None, instruction=None, truncate=None):
         """The engine's rule for a model without a chat template (engine.prompts.format_prompts)."""
         return format_prompts(self.info, prompts, prompt_name, instruction)
 

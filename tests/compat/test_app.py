@@ -698,7 +698,13 @@ def test_metrics_text_format(make_client):
     assert abs(int(res.headers["process-start-time-unix"]) - time.time()) < 60
     lines = res.text.splitlines()
     assert res.text.endswith("\n")
-    assert len(lines) == 3 * len(METRIC_NAMES)
+    # llama's metrics, in its order, then ours (in flight, draining)
+    assert len(lines) == 3 * len(METRIC_NAMES) + 6
+    assert lines[3 * len(METRIC_NAMES):] == [
+        "# HELP mlx_embed:requests_in_flight HTTP requests being handled now, every route.",
+        "# TYPE mlx_embed:requests_in_flight gauge", "mlx_embed:requests_in_flight 0",
+        "# HELP mlx_embed:draining 1 after SIGTERM/SIGINT while requests in flight finish.",
+        "# TYPE mlx_embed:draining gauge", "mlx_embed:draining 0"]
     for i, (name, kind) in enumerate(METRIC_NAMES):
         help_line, type_line, value_line = lines[3 * i: 3 * i + 3]
         assert help_line.startswith(f"# HELP llamacpp:{name} ") and len(help_line) > len(f"# HELP llamacpp:{name} ")

@@ -2,6 +2,7 @@
 and message, and that the server keeps serving afterwards."""
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -12,6 +13,8 @@ from compat.lifecycle import ARRIVED_KEY, Lifecycle
 from compat.settings import parse_settings
 from compat.wire.inputs import MAX_JSON_DEPTH, json_depth
 from tests.compat.fakes import FakeEngine
+from tests.compat.test_routing import GatedEngine, Server
+from tests.conftest import parse_metrics
 
 SHUTTING_DOWN = {"error": {"message": "Server is shutting down", "type": "unavailable_error", "code": 503}}
 
@@ -68,3 +71,68 @@ def test_while_draining_health_and_newcomers_get_503_and_admitted_requests_are_s
     owed = client.simulate_post("/api/v1/embeddings", json={"input": "x"}, extras={ARRIVED_KEY: before})
     assert owed.status_code == 200 and len(owed.json["data"]) == 1
     assert lifecycle.in_flight == 0  # every request was counted out again, refused ones included
+
+
+def test_more_inputs_than_the_client_batch_size_is_413_naming_the_limit(make_client):
+    client = make_client("--embedding", "--max-client-batch-size", "3")
+    res = client.simulate_post("/v1/embeddings", json={"input": ["a", "b", "c", "d"]})
+    assert res.status_code == 413
+    assert res.json == {"error": {"code": 413, "message": "this request has 4 inputs; the server accepts at most 3 "
+                                                          "per request (--max-client-batch-size)",
+                                  "type": "invalid_request_error"}}
+    assert client.simulate_post("/embedding", json={"content": ["a", "b", "c"]}).status_code == 200
+    assert client.simulate_post("/v1/embeddings", json={"input": [1, 2, 3, 4, 5]}).status_code == 200  # one prompt
+
+
+def test_more_documents_than_the_client_batch_size_is_413(make_client):
+    client = make_client("--reranking", "--max-client-batch-size", "2", engine=FakeEngine(kind="cross-encoder"))
+    for path, body in (("/rerank", {"query": "q", "documents": ["a", "b", "c"]}),
+                       ("/v2/rerank", {"query": "q", "documents": ["a", "b", "c"]}),
+                       ("/rerank", {"query": "q", "texts": ["a", "b", "c"]})):
+        res = client.simulate_post(path, json=body)
+        assert res.status_code == 413 and "3 documents; the server accepts at most 2" in res.json["error"]["message"]
+    assert client.simulate_post("/rerank", json={"query": "q", "documents": ["a", "b"]}).status_code == 200
+
+
+def test_the_default_client_batch_size_refuses_20000_inputs_with_413(make_client):
+    res = make_client("--embedding").simulate_post("/v1/embeddings", json={"input": ["x"] * 20000})
+    assert res.status_code == 413 and "20000 inputs" in res.json["error"]["message"]
+
+
+def test_metrics_show_requests_in_flight_and_the_drain():
+    lifecycle = Lifecycle()
+    engine = GatedEngine()
+    settings = parse_settings(["--embedding", "--metrics"], {}, system_config_files=[])
+    client = TestClient(create_app(settings, engine, lifecycle))
+    held = threading.Thread(target=client.simulate_post, args=("/v1/embeddings",), kwargs={"json": {"input": "x"}})
+    held.start()
+    try:
+        assert engine.entered.wait(10)
+        metrics = parse_metrics(client.simulate_get("/metrics").text)
+        assert (metrics["mlx_embed:requests_in_flight"], metrics["mlx_embed:draining"]) == ("1", "0")
+        lifecycle.begin_drain()
+        metrics = parse_metrics(client.simulate_get("/metrics").text)  # answered while draining, to watch it
+        assert (metrics["mlx_embed:requests_in_flight"], metrics["mlx_embed:draining"]) == ("1", "1")
+    finally:
+        engine.gate.set()
+        held.join(10)
+    assert parse_metrics(client.simulate_get("/metrics").text)["mlx_embed:requests_in_flight"] == "0"
+
+
+def test_metrics_show_each_models_load_on_a_several_model_server(tmp_path):
+    server = Server(tmp_path)
+    server.engines.gated.add("minilm")
+    held = threading.Thread(target=server.embed, args=("minilm",))
+    held.start()
+    try:
+        for _ in range(1000):
+            if server.engines.of("minilm") and server.engines.of("minilm")[0].entered.is_set():
+                break
+            time.sleep(0.01)
+        metrics = parse_metrics(server.client.simulate_get("/metrics").text)
+        assert metrics['mlx_embed:in_use{model="minilm"}'] == "1" and metrics['mlx_embed:in_use{model="tiny"}'] == "0"
+        assert metrics["mlx_embed:requests_in_flight"] == "1"
+    finally:
+        server.engines.of("minilm")[0].gate.set()
+        held.join(10)
+    assert parse_metrics(server.client.simulate_get("/metrics").text)['mlx_embed:in_use{model="minilm"}'] == "0"

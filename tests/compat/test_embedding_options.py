@@ -184,3 +184,11 @@ def test_several_models_each_use_their_own_prompts_and_width(tmp_path):
     assert res.status_code == 400 and "known: none" in res.json["error"]["message"]
     res = server.client.simulate_post("/embeddings", json={"input": "a", "model": "tiny", "dimensions": 9})
     assert res.status_code == 400 and "from 1 to 4" in res.json["error"]["message"]
+
+
+def test_default_prompt_name_is_a_per_model_option(tmp_path):
+    preset = "[minilm]\nmodel = /models/minilm\ndefault-prompt-name = document\n[tiny]\nmodel = /models/tiny\n"
+    server = Server(tmp_path, preset)
+    assert server.embed("minilm").status_code == 200 and server.embed("tiny").status_code == 200
+    chosen = {Path(options.model_path).name: options.default_prompt_name for options, _ in server.engines.made}
+    assert chosen == {"minilm": "document", "tiny": None}

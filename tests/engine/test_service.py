@@ -12,7 +12,7 @@ import pytest
 
 from engine import Engine, EngineOptions
 from engine.errors import (CheckpointNotFound, EmptyInput, ForwardFailed, InputTooLong, InvalidTokens, NotLoaded,
-                           QueueFull, ReplyTimeout, UnsupportedCheckpoint)
+                           OutOfMemory, QueueFull, ReplyTimeout, TooManyInputs, UnsupportedCheckpoint)
 from tests.engine.helpers import start_engine
 
 SEP = 102
@@ -321,11 +321,11 @@ def test_inputs_within_the_limit_are_not_truncated(minilm):
 
 
 # -- queue, timeouts, failures ---------------------------------------------------------------------------------
-def test_queue_full(minilm_path):
+def test_a_request_larger_than_the_queue_is_refused_whole(minilm_path):
     eng = start_engine(minilm_path, max_queue_items=2)
     try:
         ids = [101, 7592, 102]
-        with pytest.raises(QueueFull):
+        with pytest.raises(TooManyInputs, match="3 inputs; the engine queue holds at most 2"):
             eng.embed([ids, ids, ids])
         assert eng.stats()["requests_deferred"] == 0  # all or nothing
         assert len(eng.embed([ids, ids]).vectors) == 2
@@ -397,6 +397,42 @@ def test_forward_failure_then_recovery(one_lane, monkeypatch):
     again = one_lane.embed([ids])
     np.testing.assert_allclose(again.vectors[0], healthy, atol=1e-6)  # the engine serves on, unchanged
     assert len(calls) == 2
+
+
+def test_memory_exhaustion_in_a_pass_fails_that_batch_lowers_the_caps_and_serving_goes_on(minilm_path, monkeypatch):
+    eng = start_engine(minilm_path)
+    try:
+        real = eng._worker._runner
+        rows_seen = []
+
+        def out_of_memory_on_big_batches(ids, *args):
+            rows_seen.append(ids.shape[0])
+            if ids.shape[0] > 2:  # what MLX raises when an allocation fails
+                raise RuntimeError("[metal::malloc] Attempting to allocate 4294967296 bytes which is greater than "
+                                   "the maximum allowed buffer size of 2147483648 bytes.")
+            return real(ids, *args)
+
+        texts = [_ids(eng, f"text number {i}") for i in range(4)]
+        alone = [eng.embed([ids]).vectors[0] for ids in texts]
+        monkeypatch.setattr(eng._worker, "_runner", out_of_memory_on_big_batches)
+        with pytest.raises(OutOfMemory, match="ran out of memory.*now capped at 2 rows"):
+            eng.embed(texts)
+        assert eng._worker.limits.max_rows == 2
+        again = eng.embed(texts)  # the same request now runs as passes of at most two rows
+        for got, want in zip(again.vectors, alone, strict=True):
+            np.testing.assert_allclose(got, want, atol=1e-5)
+        assert max(rows_seen[1:]) <= 2
+    finally:
+        eng.close()
+
+
+@pytest.mark.parametrize("bad", [[-1], [30522], [5, 2813866525688]])
+def test_decode_and_pieces_refuse_unknown_ids(minilm, bad):
+    with pytest.raises(InvalidTokens):
+        minilm.decode(bad)
+    with pytest.raises(InvalidTokens):
+        minilm.token_pieces(bad)
+    assert minilm.decode([7592]) == "hello"
 
 
 def test_stats_and_timings(minilm_path):

@@ -142,6 +142,12 @@ def test_chat_template_inputs_match_sentence_transformers(chat_minilm):
             res = srv.post("/v1/embeddings", body)
             assert res.status_code == 200
             assert cosines(oai_vectors(res.json()), want).min() >= 0.999999
+        # over the 512-token limit with truncation: cut to max_seq_length (256), the template's tail kept
+        long_text = "the quick brown fox jumps over the lazy dog " * 70
+        want = reference.encode([long_text], prompt_name="query", normalize_embeddings=True)
+        res = srv.post("/v1/embeddings", {"input": long_text, "prompt_name": "query", "truncate": True})
+        assert res.status_code == 200 and res.json()["usage"]["prompt_tokens"] == 256
+        assert cosines(oai_vectors(res.json()), want).min() >= 0.999999
         # token ids embed as given, never through the template
         ids = reference.tokenizer("plain")["input_ids"]
         got = oai_vectors(srv.post("/v1/embeddings", {"input": [ids]}).json())

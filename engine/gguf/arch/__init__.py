@@ -7,7 +7,8 @@ from types import ModuleType
 from engine.errors import UnsupportedCheckpoint
 
 # general.architecture -> module under engine/gguf/arch/
-ARCHITECTURES = {"bert": "bert", "qwen3": "qwen3", "llama": "llama"}
+ARCHITECTURES = {"bert": "bert", "nomic-bert": "nomic_bert", "qwen3": "qwen3", "llama": "llama", "gemma3": "gemma3",
+                 "gemma-embedding": "gemma_embedding"}
 
 
 def for_architecture(architecture: str, source: str) -> ModuleType:

@@ -189,9 +189,11 @@ def test_reranker_logits_match_transformers(tmp_path):
     save_file({("new." + k[4:] if k.startswith("gte.") else k): v for k, v in weights.items()},
               str(hub / "model.safetensors"))
     eng = start_engine(hub, pooling=Pooling.RANK)
+    native = start_engine(path, pooling=Pooling.RANK)  # transformers' own folder: GteForSequenceClassification
     try:
-        assert eng.info.kind == "cross-encoder"
+        assert eng.info.kind == native.info.kind == "cross-encoder"
         scores = eng.rerank(QUERY, DOCS).scores
+        np.testing.assert_array_equal(native.rerank(QUERY, DOCS).scores, scores)
         for doc, score in zip(DOCS, scores, strict=True):
             ids, types = eng.tokenizer.encode_pair(QUERY, doc)
             with t.inference_mode():
@@ -201,6 +203,7 @@ def test_reranker_logits_match_transformers(tmp_path):
         assert len(set(np.round(scores, 3))) == 3
     finally:
         eng.close()
+        native.close()
 
 
 @pytest.mark.parametrize("change,named", [

@@ -1,0 +1,117 @@
+"""mlx-embed and mlx-rerank: the server's engine from a shell, through engine.Encoder / engine.Reranker.
+
+Text output is for people (vectors, a cosine matrix, a ranking); `--json` prints one object with the numbers
+as the server prints them (float32 values widened to double, shortest round-trip form).
+"""
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any, TextIO
+
+import numpy as np
+import orjson
+
+from compat.settings import EmbedCommand, RerankCommand, SettingsError
+from compat.wire.rerank import ranked_indices
+from engine import DEFAULT_MODEL_NAME, Encoder, Reranker, default_model
+from engine.errors import EngineError
+
+__all__ = ["EngineError", "embed_texts", "rerank_documents"]
+
+_PREVIEW = 40  # characters of a text shown beside its row
+
+
+def configure_logging(verbose: bool) -> None:
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, stream=sys.stderr, force=True,
+                        format="%(levelname).1s %(name)s: %(message)s")
+
+
+def model_ref(command: EmbedCommand | RerankCommand, *, bundled_default: bool) -> tuple[str, str]:
+    """(what to load, the name reported): -m, else -hf, else (mlx-embed) the bundled default model."""
+    if command.model:
+        return command.model, command.model
+    if command.hf_repo:
+        return command.hf_repo, command.hf_repo
+    bundled = default_model() if bundled_default else None
+    if bundled is None:
+        raise SettingsError("no model given: use -m PATH or -hf REPO" +
+                            (" (the bundled default model is not installed)" if bundled_default else ""))
+    return bundled, DEFAULT_MODEL_NAME
+
+
+def encoder_options(command: EmbedCommand) -> dict[str, Any]:
+    """The engine options the command line sets, through the server's own conversion (Settings.engine_options)."""
+    opts = command.engine_settings().engine_options(None)
+    return {name: getattr(opts, name) for name in ("offline", "pooling", "ubatch_tokens", "truncate",
+                                                   "max_batch_tokens", "max_seq", "threads")}
+
+
+def reranker_options(command: RerankCommand) -> dict[str, Any]:
+    opts = command.engine_settings().engine_options(None)
+    return {name: getattr(opts, name) for name in ("offline", "ubatch_tokens", "truncate", "max_seq", "threads",
+                                                   "rerank_sigmoid")}
+
+
+def _json(value: Any) -> bytes:
+    return orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def _preview(text: str) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= _PREVIEW else flat[:_PREVIEW - 3] + "..."
+
+
+def cosine_matrix(vectors: np.ndarray) -> np.ndarray:
+    """Cosine similarity of every pair of rows (whatever their normalization); a zero row gives 0."""
+    rows = vectors.astype(np.float64)
+    norms = np.linalg.norm(rows, axis=1)
+    unit = np.divide(rows, norms[:, None], out=np.zeros_like(rows), where=norms[:, None] > 0)
+    return unit @ unit.T
+
+
+def embed_texts(command: EmbedCommand, out: TextIO) -> int:
+    if given := command.corpus_flags_given():
+        raise SettingsError(f"{', '.join(given)}: corpus mode options; give --input FILE (and --output)")
+    if not command.prompt:
+        raise SettingsError("nothing to embed: give -p TEXT (repeatable), or --input FILE --output OUT.parquet")
+    ref, name = model_ref(command, bundled_default=True)
+    with Encoder(ref, **encoder_options(command)) as encoder:
+        result = encoder.embed(command.prompt, normalize=command.embd_normalize, dimensions=command.dimensions,
+                               prompt_name=command.prompt_name, instruction=command.instruction,
+                               batch_size=command.batch_size or None)
+    similarity = cosine_matrix(result.vectors)
+    if command.json_output:
+        out.write(_json({"model": name, "embeddings": result.vectors.astype(np.float64),
+                         "prompt_tokens": sum(result.n_tokens), "similarity": similarity}).decode() + "\n")
+        return 0
+    for i, (vector, n_tokens) in enumerate(zip(result.vectors, result.n_tokens)):
+        out.write(f"embedding {i} ({n_tokens} tokens, {len(vector)} values): "
+                  + " ".join(f"{x:.6f}" for x in vector) + "\n")
+    if len(command.prompt) >= 2:
+        out.write("\ncosine similarity matrix:\n")
+        out.write(" " * 4 + "".join(f"{j:>9}" for j in range(len(command.prompt))) + "\n")
+        for i, row in enumerate(similarity):
+            out.write(f"{i:>4}" + "".join(f"{x:>9.4f}" for x in row) + f"   {_preview(command.prompt[i])}\n")
+    return 0
+
+
+def rerank_documents(command: RerankCommand, out: TextIO) -> int:
+    if command.query is None or not command.document:
+        raise SettingsError("give a query and at least one document: -q QUERY -d DOC [-d DOC ...]")
+    ref, name = model_ref(command, bundled_default=False)
+    with Reranker(ref, **reranker_options(command)) as reranker:
+        scores, n_tokens = reranker.score(command.query, command.document, instruction=command.instruction)
+        kind = reranker.kind
+    order = ranked_indices(list(scores), command.top_n)
+    if command.json_output:
+        ranking = [{"index": i, "score": float(scores[i])} for i in order]
+        out.write(_json({"model": name, "scores": scores, "ranking": ranking, "kind": kind,
+                         "prompt_tokens": sum(n_tokens)}).decode() + "\n")
+        return 0
+    for i, score in enumerate(scores):
+        out.write(f"score {i}: {score:.6f}   {_preview(command.document[i])}\n")
+    out.write("\nranking:\n")
+    for place, i in enumerate(order, 1):
+        out.write(f"{place:>4}. document {i}  {scores[i]:.6f}   {_preview(command.document[i])}\n")
+    return 0

@@ -1,0 +1,264 @@
+"""The engine in a program, without a listener: `from engine import Encoder, Reranker`.
+
+Both wrap one Engine (the server's loader, detection, pooling, batching and limits), so a vector or a score
+is the one the server would answer for the same input. Both are context managers (leaving the block frees
+the model) and Ray Data callables (`ds.map_batches(Encoder, fn_constructor_args=(ref,), concurrency=N)`:
+one engine per actor).
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from engine.errors import InvalidInput
+from engine.normalize import normalize_embedding
+from engine.service import Engine
+from engine.types import EngineOptions, ModelInfo, Pooling
+
+# Inputs handed to the engine at once: under its queue bound, large enough to sort by length and fill batches.
+SUBMIT_CHUNK = 1024
+
+_REPOSITORY = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+(?::[\w.-]+)?")  # org/name[:quant]
+
+
+def model_options(ref: str | Path, **options: Any) -> EngineOptions:
+    """EngineOptions for `ref`: a local folder (or file), else an org/name repository of the Hugging Face cache.
+
+    `options` are EngineOptions fields (pooling, truncate, max_seq, threads, offline, ...).
+    """
+    text = str(ref)
+    local = Path(text).expanduser().exists() or not _REPOSITORY.fullmatch(text)
+    if isinstance(options.get("pooling"), str):
+        options["pooling"] = Pooling(options["pooling"])
+    return EngineOptions(model_path=text if local else None, hf_repo=None if local else text, **options)
+
+
+def normalization(normalize: bool | int) -> int:
+    """llama's embd_normalize from `normalize`: True = 2 (Euclidean), False = -1 (none), an int as llama reads it."""
+    if isinstance(normalize, bool):
+        return 2 if normalize else -1
+    return int(normalize)
+
+
+def check_dimensions(dimensions: int | None, width: int) -> int:
+    """How many components to keep (Matryoshka): `dimensions`, checked against the model's width; None: all."""
+    if dimensions is None:
+        return width
+    if isinstance(dimensions, bool) or not isinstance(dimensions, (int, np.integer)) or not 1 <= dimensions <= width:
+        raise InvalidInput(f"dimensions must be an integer from 1 to {width} (the model's embedding width), "
+                           f"not {dimensions!r}")
+    return int(dimensions)
+
+
+class _Loaded:
+    """One Engine, loaded before the constructor returns; closing it frees the model."""
+
+    def __init__(self, options: EngineOptions):
+        self.engine = Engine(options)
+        try:
+            self.info: ModelInfo = self.engine.wait_loaded()
+        except BaseException:
+            self.engine.close(wait=True)
+            raise
+
+    @property
+    def name(self) -> str:
+        return self.engine.model_ref
+
+    def close(self) -> None:
+        self.engine.close(wait=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@dataclass
+class Embedded:
+    """`Encoder.embed`'s answer: vectors [n, d] float32 and each input's token count."""
+
+    vectors: np.ndarray
+    n_tokens: list[int]
+
+
+@dataclass
+class EncodedRows:
+    """Per-row results of `Encoder.encode_rows`: a failed row has an error, a zero vector and 0 tokens."""
+
+    vectors: np.ndarray  # [n, d] float32
+    errors: list[str | None]
+    n_tokens: list[int]
+
+
+class Encoder(_Loaded):
+    """An embedding model. `Encoder(ref, **options)`: ref is a folder or org/name; options are EngineOptions
+    fields (pooling="cls", truncate=True, max_seq=256, ...)."""
+
+    def __init__(self, ref: str | Path, **options: Any):
+        opts = model_options(ref, **options)
+        if opts.pooling is Pooling.RANK:
+            raise InvalidInput("rank pooling is a reranker's: use Reranker")
+        super().__init__(opts)
+
+    @property
+    def dimension(self) -> int:
+        return self.info.n_embd
+
+    def _prompts(self, texts: Sequence[str], prompt_name: str | None,
+                 instruction: str | None) -> list[list[str | int]]:
+        """Each text as the server's one-text prompt, with the prompt or instruction the server would add."""
+        for text in texts:
+            if not isinstance(text, str):
+                raise InvalidInput(f"texts must be strings, not {type(text).__name__}")
+        return self.engine.format_prompts([[text] for text in texts], prompt_name, instruction)
+
+    def encode(self, texts: str | Sequence[str], *, normalize: bool | int = True, dimensions: int | None = None,
+               prompt_name: str | None = None, instruction: str | None = None,
+               batch_size: int | None = None) -> np.ndarray:
+        """Vectors [n, d] float32 in input order (one text: still [1, d]).
+
+        normalize: True = L2, False = raw, or llama's embd_normalize integer (0 max-abs, 1 taxicab, p>2 p-norm).
+        dimensions: keep the first N components before normalizing. batch_size: the most texts one forward
+        pass may hold (default: the engine's own limits). Raises InvalidInput (EmptyInput, InputTooLong) like the
+        server answers 400.
+        """
+        return self.embed(texts, normalize=normalize, dimensions=dimensions, prompt_name=prompt_name,
+                          instruction=instruction, batch_size=batch_size).vectors
+
+    def embed(self, texts: str | Sequence[str], *, normalize: bool | int = True, dimensions: int | None = None,
+              prompt_name: str | None = None, instruction: str | None = None,
+              batch_size: int | None = None) -> Embedded:
+        """`encode` with each input's token count (what the server reports as usage)."""
+        if isinstance(texts, str):
+            texts = [texts]
+        p = normalization(normalize)
+        check_dimensions(dimensions, self.info.n_embd)
+        token_lists = self.engine.tokenizer.encode_prompts(self._prompts(list(texts), prompt_name, instruction))
+        raw, n_tokens = self._embed(token_lists, batch_size)
+        return Embedded(self._finish(raw, p, dimensions), n_tokens)
+
+    def _embed(self, token_lists: list[list[int]], batch_size: int | None) -> tuple[list[np.ndarray], list[int]]:
+        """Raw pooled vectors and token counts, in order."""
+        if self.info.pooling is Pooling.NONE:
+            raise InvalidInput("pooling 'none' gives one vector per token; Encoder returns one vector per text")
+        chunk = SUBMIT_CHUNK if batch_size is None else batch_size
+        if chunk < 1:
+            raise InvalidInput(f"batch_size must be at least 1, not {batch_size}")
+        chunk = min(chunk, self.engine.options.max_queue_items)
+        vectors: list[np.ndarray] = []
+        n_tokens: list[int] = []
+        # the engine batches what it is given; handing it `chunk` texts at a time bounds a forward pass's rows
+        for start in range(0, len(token_lists), chunk):
+            result = self.engine.embed(token_lists[start:start + chunk])
+            vectors += result.vectors
+            n_tokens += result.n_tokens
+        return vectors, n_tokens
+
+    def _finish(self, raw: Sequence[np.ndarray], p: int, dimensions: int | None) -> np.ndarray:
+        """Keep the first `dimensions` components, then normalize as llama's embd_normalize `p` does."""
+        size = check_dimensions(dimensions, self.info.n_embd)
+        kept = [normalize_embedding(vec[:size], p) for vec in raw]
+        return np.stack(kept).astype(np.float32, copy=False) if kept else np.zeros((0, size), np.float32)
+
+    def encode_rows(self, texts: Sequence[str | None], *, normalize: bool | int = True,
+                    dimensions: int | None = None, prompt_name: str | None = None, instruction: str | None = None,
+                    batch_size: int | None = None) -> EncodedRows:
+        """Like encode, but a bad row (missing or empty text, too long without truncation) is reported in
+        `errors` instead of failing the others: what a corpus job needs."""
+        p = normalization(normalize)
+        info, truncate = self.info, self.engine.options.truncate
+        size = check_dimensions(dimensions, info.n_embd)
+        errors: list[str | None] = [None] * len(texts)
+        for i, text in enumerate(texts):
+            if text is None:
+                errors[i] = "missing text"
+            elif not isinstance(text, str):
+                errors[i] = f"text is a {type(text).__name__}, not a string"
+            elif not text.strip():
+                errors[i] = "empty text"
+        present = [i for i, error in enumerate(errors) if error is None]
+        encoded = self.engine.tokenizer.encode_prompts(self._prompts([texts[i] for i in present], prompt_name,
+                                                                     instruction))
+        good: list[int] = []
+        token_lists: list[list[int]] = []
+        for i, ids in zip(present, encoded):
+            if len(ids) > info.max_input_tokens and not truncate:
+                errors[i] = (f"{len(ids)} tokens, over the model's limit of {info.max_input_tokens} "
+                             f"(--truncate cuts it instead)")
+            else:
+                good.append(i)
+                token_lists.append(ids)
+        vectors = np.zeros((len(texts), size), np.float32)
+        n_tokens = [0] * len(texts)
+        if good:
+            raw, counts = self._embed(token_lists, batch_size)
+            vectors[good] = self._finish(raw, p, dimensions)
+            for i, n in zip(good, counts):
+                n_tokens[i] = n
+        return EncodedRows(vectors, errors, n_tokens)
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Ray Data: `batch["text"]` -> the batch with an `embedding` column ([n, d] float32, L2-normalized).
+        A bad row raises, as `encode` does."""
+        out = dict(batch)
+        out["embedding"] = self.encode(list(batch["text"]))  # a null text is an error, never the string "None"
+        return out
+
+
+class Reranker(_Loaded):
+    """A reranker (cross-encoder or generative). Scores follow the server's score contract: a cross-encoder's
+    raw logit (sigmoid with rerank_sigmoid=True), a generative reranker's P(yes)."""
+
+    def __init__(self, ref: str | Path, **options: Any):
+        super().__init__(replace(model_options(ref, **options), pooling=Pooling.RANK))
+
+    @property
+    def kind(self) -> str:
+        return self.info.kind
+
+    def score(self, query: str, documents: Sequence[str], *,
+              instruction: str | None = None) -> tuple[np.ndarray, list[int]]:
+        """(scores in document order, tokens of each pair)."""
+        if not documents:
+            raise InvalidInput("documents must not be empty")
+        if not isinstance(query, str) or not all(isinstance(d, str) for d in documents):
+            raise InvalidInput("the query and the documents must be strings")
+        result = self.engine.rerank(query, list(documents), instruction=instruction)
+        return np.asarray(result.scores, dtype=np.float64), list(result.n_tokens)
+
+    def predict(self, pairs: Sequence[tuple[str, str]], *, instruction: str | None = None) -> np.ndarray:
+        """One score per (query, document) pair, in input order; pairs sharing a query are scored together."""
+        by_query: dict[str, list[int]] = {}
+        for i, (query, _) in enumerate(pairs):
+            by_query.setdefault(query, []).append(i)
+        scores = np.zeros(len(pairs), np.float64)
+        for query, rows in by_query.items():
+            scores[rows] = self.score(query, [pairs[i][1] for i in rows], instruction=instruction)[0]
+        return scores
+
+    def rank(self, query: str, documents: Sequence[str], top_n: int | None = None, *,
+             instruction: str | None = None) -> list[dict[str, Any]]:
+        """[{"index", "score"}] by score descending, ties by ascending index, the first top_n (None: all)."""
+        scores, _ = self.score(query, documents, instruction=instruction)
+        return ranking(scores, top_n)
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Ray Data: `batch["query"]`, `batch["document"]` -> the batch with a `score` column."""
+        out = dict(batch)
+        out["score"] = self.predict(list(zip(batch["query"], batch["document"])))
+        return out
+
+
+def ranking(scores: Sequence[float], top_n: int | None = None) -> list[dict[str, Any]]:
+    """Indices by score descending, ties by ascending index (the server's order), cut to top_n."""
+    if top_n is not None and top_n < 0:
+        raise InvalidInput(f"top_n must not be negative, not {top_n}")
+    order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))
+    return [{"index": i, "score": float(scores[i])} for i in order[:top_n]]

@@ -1,0 +1,63 @@
+"""Faults a real several-model server survives: a model whose files are corrupt or vanish before its lazy load
+fails with 500 naming the reason and shows `failed` in /models, while the other models serve on unchanged."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import tiny_bert_dir
+from tests.server.harness import ServerProcess
+
+FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
+
+
+def _copy_of_tiny_bert(folder: Path) -> Path:
+    folder.mkdir()
+    for name in FILES:
+        shutil.copy(tiny_bert_dir() / name, folder / name)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("faults")
+    for name in ("healthy", "corrupt", "vanishing"):
+        _copy_of_tiny_bert(root / name)
+    preset = root / "models.ini"
+    preset.write_text("".join(f"[{name}]\nmodel = {root / name}\n" for name in ("healthy", "corrupt", "vanishing")))
+    with ServerProcess("--models-preset", str(preset), "-t", "1") as srv:
+        srv.root = root
+        yield srv
+
+
+def _embed(server: ServerProcess, model: str):
+    return server.post("/v1/embeddings", {"input": ["a fault test", "two"], "model": model})
+
+
+def _status(server: ServerProcess, model: str) -> dict:
+    return {m["id"]: m for m in server.get("/models").json()["data"]}[model]["status"]
+
+
+def test_corrupt_or_vanished_weights_fail_that_model_only(server):
+    before = np.asarray([d["embedding"] for d in _embed(server, "healthy").json()["data"]])
+    # the weights are overwritten with garbage, or the folder disappears, before the first use of the model
+    (server.root / "corrupt" / "model.safetensors").write_bytes(b"\x00" * 64)
+    shutil.rmtree(server.root / "vanishing")
+    for model, reason in (("corrupt", "Invalid json header length"), ("vanishing", "no config.json")):
+        res = _embed(server, model)
+        assert res.status_code == 500, res.text
+        error = res.json()["error"]
+        assert error["type"] == "server_error" and f"{model} failed to load" in error["message"], error
+        assert reason.lower() in error["message"].lower(), error
+        status = _status(server, model)
+        assert status["value"] == "failed" and status["failed"] is True and reason.lower() in status["error"].lower()
+    after = np.asarray([d["embedding"] for d in _embed(server, "healthy").json()["data"]])
+    np.testing.assert_array_equal(after, before)  # the other model never noticed
+    assert _status(server, "healthy")["value"] == "loaded"
+    assert server.get("/health").status_code == 200
+    # mended files: the next request retries the load and succeeds
+    _copy_of_tiny_bert(server.root / "vanishing")
+    assert _embed(server, "vanishing").status_code == 200 and _status(server, "vanishing")["value"] == "loaded"

@@ -1,0 +1,72 @@
+"""Property-based fuzzing of every route in /openapi.json (schemathesis) against the real server on the bundled
+MiniLM: no answer is a 5xx, every answer (errors included) matches the document, and the server is healthy after.
+Bounded: a few examples per operation, small request limits, no shrinking."""
+from __future__ import annotations
+
+import pytest
+import requests
+import schemathesis
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis.errors import Unsatisfiable
+from schemathesis.checks import not_a_server_error
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
+
+from tests.server.harness import ServerProcess
+
+EXAMPLES_PER_OPERATION = 25
+
+
+def not_a_server_fault(ctx: schemathesis.CheckContext, response: schemathesis.Response,
+                       case: schemathesis.Case) -> None:
+    """No 5xx, except 501: llama-server's documented "not served here" (generation routes, /rerank on an
+    embedding model, /metrics without --metrics)."""
+    if response.status_code == 501:
+        return
+    not_a_server_error(ctx, response, case)
+
+
+CHECKS = [not_a_server_fault, status_code_conformance, content_type_conformance, response_schema_conformance]
+
+
+@pytest.fixture(scope="module")
+def fuzzed_server():
+    # small limits keep generated requests cheap: past them the answer is a (documented) 413 or 400
+    with ServerProcess("--embedding", "--metrics", "--props", "--max-client-batch-size", "8", "--payload-limit",
+                       "20000", "-ub", "128", "-to", "60") as srv:
+        yield srv
+
+
+def test_every_operation_holds_to_the_document(fuzzed_server):
+    # one hypothesis run per operation, driven here: schemathesis' pytest plugin does not run under pytest 9
+    api_schema = schemathesis.openapi.from_url(fuzzed_server.base + "/openapi.json")
+    failures, labels = [], []
+    for result in api_schema.get_all_operations():
+        operation = result.ok()
+        labels.append(operation.label)
+        for mode in schemathesis.GenerationMode:  # valid requests, then requests the document says are invalid
+
+            @given(case=operation.as_strategy(generation_mode=mode))
+            @settings(max_examples=EXAMPLES_PER_OPERATION, deadline=None, derandomize=True, database=None,
+                      phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
+            def holds(case: schemathesis.Case) -> None:
+                case.call_and_validate(base_url=fuzzed_server.base, checks=CHECKS, timeout=60)
+
+            try:
+                holds()
+            except Unsatisfiable:  # nothing the document calls invalid can be sent (no body, no parameters)
+                assert mode is schemathesis.GenerationMode.NEGATIVE, operation.label
+            except (Exception, BaseExceptionGroup) as exc:  # noqa: BLE001 - every operation is fuzzed and reported
+                failures.append(f"{operation.label} ({mode.value}): {exc}")
+    assert len(labels) >= 30 and "POST /v1/embeddings" in labels
+    assert not failures, "\n\n".join(failures)
+
+
+def test_the_server_is_healthy_after_the_fuzzing(fuzzed_server):
+    assert fuzzed_server.proc.poll() is None
+    assert fuzzed_server.get("/health").status_code == 200
+    res = fuzzed_server.post("/v1/embeddings", {"input": "still right"})
+    assert res.status_code == 200 and len(res.json()["data"][0]["embedding"]) == 384
