@@ -400,7 +400,7 @@ def test_forward_failure_then_recovery(one_lane, monkeypatch):
 
 
 def test_memory_exhaustion_in_a_pass_fails_that_batch_lowers_the_caps_and_serving_goes_on(minilm_path, monkeypatch):
-    eng = start_engine(minilm_path)
+    eng = start_engine(minilm_path, threads=1)  # one lane: the four inputs go into one pass
     try:
         real = eng._worker._runner
         rows_seen = []
