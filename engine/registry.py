@@ -128,7 +128,7 @@ def load(checkpoint: Checkpoint, kind: str | None = None, dtype: str = "auto") -
     """
     kind = kind or kind_of(checkpoint)
     if checkpoint.gguf is not None:
-        return _load_gguf(checkpoint, kind)
+        return _load_gguf(checkpoint, kind, dtype)
     name = family_name(checkpoint)
     family: ModuleType = importlib.import_module(f"engine.families.{name}")
     args = family.ModelArgs.from_dict(checkpoint.config)
@@ -173,11 +173,11 @@ def load(checkpoint: Checkpoint, kind: str | None = None, dtype: str = "auto") -
     )
 
 
-def _load_gguf(checkpoint: Checkpoint, kind: str) -> LoadedModel:
+def _load_gguf(checkpoint: Checkpoint, kind: str, dtype: str) -> LoadedModel:
     """A GGUF file: the same families, weights named by the file's map; identity counted as llama.cpp does."""
     from engine.gguf import load as gguf_load
 
-    model, trunk, name, projection = gguf_load.build(checkpoint)
+    model, trunk, name, projection = gguf_load.build(checkpoint, dtype)
     n_params, size = gguf_load.file_counts(checkpoint.gguf)
     return LoadedModel(model=model, family=name, kind=kind, n_params=n_params, size_bytes=size,
                        ftype=gguf_load.ftype(checkpoint.gguf), default_pooling=Pooling.NONE,

@@ -35,6 +35,14 @@ log = logging.getLogger(__name__)
 Runner = Callable[[np.ndarray, np.ndarray, np.ndarray, list[int]], list[np.ndarray]]  # or a Pipeline (launch + collect)
 
 
+@dataclass(frozen=True)
+class ImageWork:
+    """A preprocessed image for a vision tower: pixels [C, H, W] and what it counts as (its patches)."""
+
+    pixels: np.ndarray
+    n_tokens: int
+
+
 @dataclass
 class WorkItem:
     ids: list[int]
@@ -44,6 +52,12 @@ class WorkItem:
     seq: int = 0
     enqueued: float = 0.0
     future: Future = field(default_factory=Future)
+    pixels: np.ndarray | None = None  # an image input: it shares passes with other images only
+
+    @property
+    def group(self) -> int:
+        """Inputs of one group can share a forward pass: 0 text, 1 images."""
+        return 0 if self.pixels is None else 1
 
 
 @dataclass
@@ -88,14 +102,16 @@ class Worker:
         _live.add(self)
 
     # -- request threads -------------------------------------------------------------------------
-    def submit(self, token_lists: list[list[int]], deadline: float,
+    def submit(self, token_lists: list[list[int] | ImageWork], deadline: float,
                type_lists: list[list[int]] | None = None) -> list[WorkItem]:
         """Queue every input of one request, or none of them (QueueFull)."""
         if not self.loaded.is_set() or self._runner is None:
             raise NotLoaded("the model is not loaded")
         now = time.monotonic()
         types = type_lists or [None] * len(token_lists)
-        items = [WorkItem(ids=ids, type_ids=t, deadline=deadline, n_tokens=len(ids), enqueued=now)
+        items = [WorkItem(ids=[], type_ids=None, deadline=deadline, n_tokens=ids.n_tokens, enqueued=now,
+                          pixels=ids.pixels) if isinstance(ids, ImageWork) else
+                 WorkItem(ids=ids, type_ids=t, deadline=deadline, n_tokens=len(ids), enqueued=now)
                  for ids, t in zip(token_lists, types)]
         if len(items) > self._max_queue:
             raise TooManyInputs(len(items), self._max_queue)
@@ -218,6 +234,9 @@ class Worker:
         batch = [item for item in batch if item.future.set_running_or_notify_cancel()]
         if not batch:
             return None
+        self._started_computing()  # every launched pass is finished (and counted down) by _finish
+        if batch[0].pixels is not None:  # the scheduler never mixes images and texts
+            return self._launch_images(batch)
         width = self._limits.width(max(item.n_tokens for item in batch))
         ids = np.full((len(batch), width), self._pad_id, dtype=np.int32)
         mask = np.zeros((len(batch), width), dtype=np.int32)
@@ -229,7 +248,6 @@ class Worker:
                 type_ids[row, : item.n_tokens] = item.type_ids
         started = time.monotonic()
         lengths = [item.n_tokens for item in batch]
-        self._started_computing()
         try:
             launch = getattr(self._runner, "launch", None)
             if launch is not None:
@@ -246,6 +264,15 @@ class Worker:
             self._computing += 1
             if self._lanes > 1 and self._blas_threads > 0:
                 blas.set_threads(max(1, self._blas_threads // self._computing))
+
+    def _launch_images(self, batch: list[WorkItem]) -> _Launched:
+        started = time.monotonic()
+        width = batch[0].n_tokens  # an image's patches: what its row costs in the batch budget
+        try:
+            collect = self._runner.launch_images(np.stack([item.pixels for item in batch]))
+        except Exception as exc:
+            return _Launched(batch, None, started, width, exc)
+        return _Launched(batch, collect, started, width)
 
     def _finish(self, launched: _Launched) -> None:
         try:

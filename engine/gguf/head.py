@@ -25,6 +25,7 @@ class RankHead(nn.Module):
         self.cls_output = nn.Linear(hidden, n_out, bias="cls_output.bias" in present)
         self._pooling = pooling
         self._softmax = softmax
+        self.scores_are_probabilities = softmax
 
     def __call__(self, input_ids: mx.array, attention_mask: mx.array,
                  token_type_ids: mx.array | None = None) -> mx.array:

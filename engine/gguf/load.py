@@ -14,6 +14,7 @@ from engine.checkpoint import Checkpoint
 from engine.errors import UnsupportedCheckpoint
 from engine.gguf.arch import for_architecture
 from engine.heads import Projection
+from engine.weights import compute_dtype
 from engine.gguf.head import RankHead
 from engine.gguf.reader import GGUFFile
 from engine.types import Pooling
@@ -46,9 +47,9 @@ def tensor(gguf: GGUFFile, name: str) -> mx.array:
     return mx.array(values)
 
 
-def build(checkpoint: Checkpoint) -> tuple[nn.Module, nn.Module, str, Projection | None]:
+def build(checkpoint: Checkpoint, dtype: str = "auto") -> tuple[nn.Module, nn.Module, str, Projection | None]:
     """(model, trunk, family name, Dense projection or None); the model is the trunk itself, or the rank head
-    around it."""
+    around it. dtype: the compute dtype (--dtype; auto: float32 on a CPU), block formats dequantized to it."""
     gguf: GGUFFile = checkpoint.gguf
     mapping = for_architecture(gguf.architecture, str(checkpoint.path))
     family = importlib.import_module(f"engine.families.{mapping.FAMILY}")
@@ -88,18 +89,18 @@ def build(checkpoint: Checkpoint) -> tuple[nn.Module, nn.Module, str, Projection
     expected = dict(tree_flatten(model.parameters()))
     weights = {k: v.reshape(expected[k].shape) if k in expected and v.shape != expected[k].shape
                and v.size == expected[k].size else v for k, v in weights.items()}
-    # Half-precision matmuls are slow on CPU and fp32 is what the reference computes: run in fp32.
-    weights = {k: v.astype(mx.float32) if mx.issubdtype(v.dtype, mx.floating) else v for k, v in weights.items()}
+    compute = compute_dtype(dtype, weights)
+    weights = {k: v.astype(compute) if mx.issubdtype(v.dtype, mx.floating) else v for k, v in weights.items()}
     try:
         model.load_weights(list(weights.items()), strict=True)
     except ValueError as exc:
         raise UnsupportedCheckpoint(f"{checkpoint.path}: tensors do not match the {mapping.FAMILY} family: "
                                     f"{exc}") from exc
     mx.eval(model.parameters())
-    return model, trunk, mapping.FAMILY, _projection(dense_weights, checkpoint)
+    return model, trunk, mapping.FAMILY, _projection(dense_weights, checkpoint, compute)
 
 
-def _projection(dense: dict[str, mx.array], checkpoint: Checkpoint) -> Projection | None:
+def _projection(dense: dict[str, mx.array], checkpoint: Checkpoint, compute: mx.Dtype) -> Projection | None:
     """sentence-transformers' Dense layers kept by the converter (identity activations, no bias)."""
     if not dense:
         return None
@@ -109,7 +110,7 @@ def _projection(dense: dict[str, mx.array], checkpoint: Checkpoint) -> Projectio
         raise UnsupportedCheckpoint(f"{checkpoint.path}: Dense layers of widths {shapes} do not chain from the "
                                     f"hidden size {checkpoint.config['hidden_size']}")
     projection = Projection(shapes, ("torch.nn.modules.linear.Identity",) * len(shapes))
-    projection.load_weights([(k, v.astype(mx.float32)) for k, v in dense.items()], strict=True)
+    projection.load_weights([(k, v.astype(compute)) for k, v in dense.items()], strict=True)
     mx.eval(projection.parameters())
     return projection
 

@@ -218,7 +218,7 @@ def test_qwen3_reranker_gguf_gives_the_model_cards_p_yes(tmp_path):
         with t.no_grad():
             last = model(input_ids=t.tensor([tokenizer.encode(text, add_special_tokens=False)])).logits[0, -1]
         want.append(float(t.sigmoid(last[yes] - last[no])))
-    eng = start_engine(path, pooling=Pooling.RANK)
+    eng = start_engine(path, pooling=Pooling.RANK, rerank_sigmoid=True)  # P(yes) is a probability already
     try:
         got = eng.rerank(query, docs).scores
     finally:

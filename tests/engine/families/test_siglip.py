@@ -82,3 +82,86 @@ def test_the_per_input_limit_is_64_tokens_and_truncation_keeps_the_closing_token
 def test_a_pooling_other_than_the_heads_is_refused(folders):
     with pytest.raises(UnsupportedCheckpoint, match="pools through its own head"):
         start_engine(folders["SiglipTextModel"], pooling=Pooling.MEAN)
+
+
+def png_images(n: int, seed: int = 0) -> list[bytes]:
+    """Random pictures of assorted sizes and modes (RGB, RGBA, grey), PNG-encoded."""
+    import io
+
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    shapes = [((40, 56, 3), "RGB"), ((32, 32, 4), "RGBA"), ((70, 30), "L"), ((16, 24, 3), "RGB")]
+    out = []
+    for i in range(n):
+        shape, mode = shapes[i % len(shapes)]
+        buf = io.BytesIO()
+        Image.fromarray(rng.integers(0, 256, shape, dtype=np.uint8), mode).save(buf, "PNG")
+        out.append(buf.getvalue())
+    return out
+
+
+def image_reference(folder, images: list[bytes]) -> np.ndarray:
+    """transformers' SiglipImageProcessor + SiglipModel.get_image_features on the same encoded images."""
+    import io
+
+    import transformers
+    from PIL import Image
+
+    t = torch()
+    processor = transformers.SiglipImageProcessorPil.from_pretrained(folder)
+    pixels = processor([Image.open(io.BytesIO(data)) for data in images], return_tensors="pt")["pixel_values"]
+    model = transformers.SiglipModel.from_pretrained(folder, dtype=t.float32).eval()
+    with t.inference_mode():
+        return model.get_image_features(pixel_values=pixels).pooler_output.float().numpy()
+
+
+def test_vision_tower_matches_transformers_in_mixed_batches(folders):
+    from engine import ImageInput
+
+    folder = folders["SiglipModel"]
+    images = png_images(5)
+    expected_images = image_reference(folder, images)
+    _, expected_texts = reference(folder, TEXTS[:3])
+    eng = start_engine(folder)
+    try:
+        assert eng.info.modalities == ("text", "image") and eng.info.image_tokens == 16
+        token_lists = [eng.encode_prompt([text]) for text in TEXTS[:3]]
+        mixed = [ImageInput(images[0]), token_lists[0], ImageInput(images[1]), ImageInput(images[2]), token_lists[1],
+                 ImageInput(images[3]), token_lists[2], ImageInput(images[4])]
+        result = eng.embed(mixed)
+        alone = eng.embed([ImageInput(images[2])]).vectors[0]
+    finally:
+        eng.close()
+    got_images = [v for v, item in zip(result.vectors, mixed) if isinstance(item, ImageInput)]
+    got_texts = [v for v, item in zip(result.vectors, mixed) if not isinstance(item, ImageInput)]
+    for ours, theirs in zip(got_images, expected_images, strict=True):
+        assert cosine(ours, theirs) >= 0.9999
+    for ours, theirs in zip(got_texts, expected_texts, strict=True):
+        assert cosine(ours, theirs) >= 0.99999
+    np.testing.assert_allclose(got_images[2], alone, atol=1e-5)
+    assert result.n_tokens[0] == 16  # an image counts its patches
+
+
+def test_bad_images_and_images_for_text_only_models_name_the_input(folders):
+    from engine import ImageInput
+    from engine.errors import InvalidInput
+    from engine.images import InvalidImage
+
+    eng = start_engine(folders["SiglipModel"], image_max_pixels=1000)
+    try:
+        with pytest.raises(InvalidImage, match="input 1: not an image"):
+            eng.embed([eng.encode_prompt(["a cat"]), ImageInput(b"not an image")])
+        with pytest.raises(InvalidImage, match=r"input 0: the image has 2240 pixels.*1000 allowed"):
+            eng.embed([ImageInput(png_images(1)[0])])
+        with pytest.raises(InvalidInput, match="input 0: this model embeds either a text or one image"):
+            eng.embed([ImageInput(png_images(4)[3], text="a caption")])
+    finally:
+        eng.close()
+    text_only = start_engine(folders["SiglipTextModel"])
+    try:
+        assert text_only.info.modalities == ("text",)
+        with pytest.raises(InvalidInput, match="input 0 is an image, but this model"):
+            text_only.embed([ImageInput(png_images(1)[0])])
+    finally:
+        text_only.close()
