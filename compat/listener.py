@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 import waitress
+from waitress import wasyncore
 from waitress.channel import HTTPChannel
 from waitress.parser import HTTPRequestParser
 from waitress.task import ErrorTask, WSGITask
@@ -82,7 +83,7 @@ def create_listener(app: Callable, settings: Settings, threads: int, lifecycle: 
         app, threads=threads, ident="mlx-embed-server", clear_untrusted_proxy_headers=True,
         channel_timeout=settings.timeout,  # -to: inactivity on a connection, idle keep-alive included
         cleanup_interval=max(1, min(30, settings.timeout // 2)),  # so channel_timeout is enforced near its value
-        connection_limit=settings.connection_limit,
+        connection_limit=settings.connection_limit + 2,  # waitress counts its listener and wake-up pipe too
         asyncore_use_poll=True,  # select() cannot watch file descriptors past 1024
         max_request_body_size=settings.payload_limit + 1,  # waitress refuses a body of this size or more
         **listen)
@@ -149,8 +150,9 @@ class GracefulServer:
         if left:
             log.warning("shutting down with %d request(s) unanswered (--shutdown-timeout %g s%s)", left,
                         self._shutdown_timeout, ", second signal" if self._signalled >= 2 else "")
-        # stop accepting, then let the answers already produced reach their clients
-        self._server.accepting = False
+        # stop listening (new connections are refused, not left in the backlog), then let the answers already
+        # produced reach their clients: only this loop writes them out
+        wasyncore.dispatcher.close(self._server)
         flush_deadline = time.monotonic() + FLUSH_GRACE_S
         while self._unflushed() and time.monotonic() < flush_deadline and self._signalled < 2:
             self._tick()

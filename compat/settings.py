@@ -165,6 +165,27 @@ class Settings(BaseSettings):
              "'prompts') put before every text input when a request gives no 'prompt_name'; unset = the "
              "checkpoint's default_prompt_name, else none")
 
+    media_path: str | None = option(
+        None, flags=["--media-path"], env="LLAMA_ARG_MEDIA_PATH", metavar="PATH", group="embeddings",
+        help="folder images may be read from through file:// URLs (relative to it, or absolute inside it; no '..', "
+             "symlinks resolved); unset = file:// URLs are refused")
+    allow_remote_media: bool = option(
+        False, flags=["--allow-remote-media"], kind="paired", env="LLAMA_ARG_ALLOW_REMOTE_MEDIA", group="embeddings",
+        help="let requests name images by http(s):// URL, which the server then downloads (bounded by "
+             "--media-max-bytes and --media-timeout)")
+    media_max_bytes: int = option(
+        20 << 20, flags=["--media-max-bytes"], env="LLAMA_ARG_MEDIA_MAX_BYTES", metavar="N", group="embeddings",
+        help="most bytes of one encoded image, whatever its source")
+    media_timeout: int = option(
+        10, flags=["--media-timeout"], env="LLAMA_ARG_MEDIA_TIMEOUT", metavar="SECONDS", group="embeddings",
+        help="most seconds downloading one http(s) image may take")
+    image_max_count: int = option(
+        16, flags=["--image-max-count"], env="LLAMA_ARG_IMAGE_MAX_COUNT", metavar="N", group="embeddings",
+        help="most images in one request")
+    image_max_pixels: int = option(
+        40_000_000, flags=["--image-max-pixels"], env="LLAMA_ARG_IMAGE_MAX_PIXELS", metavar="N", group="embeddings",
+        per_model=True, help="most pixels (width x height) of one image, checked from its header before decoding")
+
     ctx_size: int = option(0, flags=["-c", "--ctx-size"], env="LLAMA_ARG_CTX_SIZE", metavar="N",
                            group="batching", per_model=True,
                            help="context size of all slots together; 0 = the model's own")
@@ -182,7 +203,8 @@ class Settings(BaseSettings):
         help="compute dtype: auto = float32 on a CPU (half-precision matmuls are slow there), the checkpoint's "
              "own dtype on a GPU; the others force it (quantized layers keep their bits)")
     threads: int = option(-1, flags=["-t", "--threads"], env="LLAMA_ARG_THREADS", metavar="N", group="batching",
-                          help="CPU threads for the math library; -1 = the library's default")
+                          help="CPU threads for the engine: two passes compute at once on 2+ threads, sharing them for BLAS; "
+                               "-1 = every core")
     max_batch_tokens: int = option(
         512, flags=["--max-batch-tokens"], env="LLAMA_ARG_MAX_BATCH_TOKENS", metavar="N", group="batching",
         per_model=True, help="most rows x width in one forward pass (rows run at their longest input's length; lowered at startup to what fits in memory)")
@@ -279,7 +301,8 @@ class Settings(BaseSettings):
             raise ValueError("n_parallel must not be 0 (-1 = auto)")
         return value
 
-    @field_validator("payload_limit", "max_client_batch_size", "connection_limit")
+    @field_validator("payload_limit", "max_client_batch_size", "connection_limit", "media_max_bytes", "media_timeout",
+                     "image_max_count", "image_max_pixels")
     @classmethod
     def _positive(cls, value: int) -> int:
         if value < 1:
@@ -349,6 +372,7 @@ class Settings(BaseSettings):
             rerank_sigmoid=self.rerank_sigmoid,
             rerank_instruction=self.rerank_instruction,
             default_prompt_name=self.default_prompt_name,
+            image_max_pixels=self.image_max_pixels,
         )
 
 
@@ -360,6 +384,8 @@ _IGNORED_WITH_VALUE = (
     "-cram --cache-ram", "--chat-template", "--chat-template-file",
     "--reasoning-format", "--slot-save-path", "-gan --grp-attn-n", "-gaw --grp-attn-w", "-dev --device",
     "--models-dir", "-mu --model-url", "--lora", "--spec-type", "--tools",
+    # fixed-size vision towers (SigLIP) take no token budget per image
+    "--image-min-tokens", "--image-max-tokens",
 )
 _IGNORED_FLAGS = (
     "--jinja --no-jinja", "-cb --cont-batching -nocb --no-cont-batching", "-kvu --kv-unified -no-kvu --no-kv-unified",

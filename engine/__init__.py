@@ -16,6 +16,7 @@ from engine.types import (  # noqa: E402
                           DEFAULT_MODEL_NAME,
                           EmbedResult,
                           EngineOptions,
+                          ImageInput,
                           ModelInfo,
                           ModelState,
                           Pooling,
@@ -25,6 +26,6 @@ from engine.types import (  # noqa: E402
                           VocabType,
 )
 
-__all__ = ["DEFAULT_MODEL_NAME", "EmbedResult", "Encoder", "Engine", "EngineOptions", "Lease", "ModelInfo",
-           "ModelState", "Pooling", "RerankResult", "Reranker", "Residency", "ResidencyStatus", "Timings", "VocabType",
-           "default_model", "errors", "normalize_embedding"]
+__all__ = ["DEFAULT_MODEL_NAME", "EmbedResult", "Encoder", "Engine", "EngineOptions", "ImageInput", "Lease",
+           "ModelInfo", "ModelState", "Pooling", "RerankResult", "Reranker", "Residency", "ResidencyStatus", "Timings",
+           "VocabType", "default_model", "errors", "normalize_embedding"]

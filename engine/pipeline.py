@@ -63,6 +63,12 @@ class EmbeddingPipeline(Pipeline):
         return lambda: list(np.array(pooled))
 
 
+    def launch_images(self, pixels: np.ndarray) -> Collect:
+        """[B, C, H, W] preprocessed images -> one float32 vector [D] per image (the vision tower's head)."""
+        pooled = _started(self.model.embed_images(mx.array(pixels)).astype(mx.float32))
+        return lambda: list(np.array(pooled))
+
+
 class CrossEncoderPipeline(Pipeline):
     """A sequence classifier with one label: the raw logit per (query, document) row."""
 

@@ -9,6 +9,7 @@ from typing import Protocol
 class Waiting(Protocol):
     n_tokens: int
     seq: int  # arrival order
+    group: int  # only inputs of one group share a pass (0: texts; 1: images, whose width is their patch count)
 
 
 MIN_WIDTH = 8  # the narrowest shape warmed at load
@@ -50,10 +51,17 @@ def next_batch(waiting: Sequence[Waiting], limits: BatchLimits) -> list[int]:
     """
     if not waiting:
         return []
-    order = sorted(range(len(waiting)), key=lambda i: (waiting[i].n_tokens, waiting[i].seq))
-    anchor = order.index(min(range(len(waiting)), key=lambda i: waiting[i].seq))
+    oldest = min(range(len(waiting)), key=lambda i: waiting[i].seq)
+    group = waiting[oldest].group
+    order = sorted((i for i in range(len(waiting)) if waiting[i].group == group),
+                   key=lambda i: (waiting[i].n_tokens, waiting[i].seq))
+    anchor = order.index(oldest)
+
+    def width_of(n_tokens: int) -> int:
+        return limits.width(n_tokens) if group == 0 else n_tokens
+
     lo = hi = anchor
-    width = limits.width(waiting[order[anchor]].n_tokens)
+    width = width_of(waiting[order[anchor]].n_tokens)
     target = waiting[order[anchor]].n_tokens
     can_left = can_right = True
     while hi - lo + 1 < limits.max_rows:
@@ -65,7 +73,7 @@ def next_batch(waiting: Sequence[Waiting], limits: BatchLimits) -> list[int]:
         if not candidates:
             break
         _, pick = min(candidates)
-        new_width = max(width, limits.width(waiting[order[pick]].n_tokens))
+        new_width = max(width, width_of(waiting[order[pick]].n_tokens))
         if (hi - lo + 2) * new_width > limits.max_tokens:
             # A longer neighbour may widen the batch past the budget while a shorter one still fits.
             if pick > hi:

@@ -8,7 +8,9 @@ import threading
 import time
 from collections.abc import Sequence
 
-from engine import blas, checkpoint, limits, pooling, registry, shapes
+import numpy as np
+
+from engine import blas, checkpoint, limits, pooling, registry, shapes, threads
 from engine.errors import (
     EmptyInput,
     InvalidInput,
@@ -23,18 +25,20 @@ from engine.pipeline import (
     GenerativeRerankPipeline,
 )
 from engine.chat_inputs import ChatInputs
+from engine.images import ImageProcessor, InvalidImage
 from engine.prompts import INSTRUCTION_TEMPLATES, RerankPrompt, choose_prompt, default_prompt_name, format_prompts, is_text
 from engine.scheduler import BatchLimits, warm_widths
 from engine.tokenize import TextTokenizer, open_tokenizer
 from engine.types import (
     EmbedResult,
     EngineOptions,
+    ImageInput,
     ModelInfo,
     Pooling,
     RerankResult,
     Timings,
 )
-from engine.worker import ItemResult, Runner, Worker
+from engine.worker import ImageWork, ItemResult, Runner, Worker
 
 log = logging.getLogger(__name__)
 
@@ -50,18 +54,20 @@ class Engine:
         self._prompt: RerankPrompt | None = None  # generative rerankers only
         self._probabilities = False  # the model's scores are already in [0, 1]
         self._chat: ChatInputs | None = None  # embedders whose texts go through their chat template
+        self._images: ImageProcessor | None = None  # models with a vision tower only
         self._in_flight = 0
         self._in_flight_lock = threading.Lock()
         self.load_s: float | None = None  # how long the load took, once it succeeded
         self._closing = False
         self.released = threading.Event()  # set once close() has freed the model's memory
-        self._worker = Worker(self._load, options.max_queue_items)
+        self._lanes, self._blas_threads = threads.plan(options.threads)
+        self._worker = Worker(self._load, options.max_queue_items, lanes=self._lanes, blas_threads=self._blas_threads)
 
     # -- loading (runs on the engine thread) -------------------------------------------------------
     def _load(self) -> tuple[Runner, int, BatchLimits]:
         started = time.monotonic()
         opts = self.options
-        blas.set_threads(opts.threads)
+        blas.set_threads(self._blas_threads)
         ckpt = checkpoint.read(checkpoint.resolve(opts.model_path, opts.hf_repo, opts.offline, opts.hf_file),
                                label=opts.model_path or "")
         rank_mode = opts.pooling is Pooling.RANK
@@ -100,6 +106,10 @@ class Engine:
             else:
                 mode = pooling.resolve(opts.pooling, ckpt.pooling, loaded.default_pooling)
             runner = EmbeddingPipeline(loaded.model, mode, loaded.projection)
+            if loaded.image_size:
+                self._images = ImageProcessor.from_checkpoint(ckpt.path, loaded.image_size)
+                side = loaded.image_size  # run the vision tower once now, so no request compiles it
+                runner.launch_images(np.zeros((1, 3, side, side), np.float32))()
         n_positions = loaded.n_positions
         slot_ctx, n_slots = limits.slots(opts.ctx_size, opts.parallel, n_positions)
         max_input = limits.input_limit(n_positions, opts.ubatch_tokens, slot_ctx if opts.ctx_size > 0 else None)
@@ -119,11 +129,13 @@ class Engine:
             widths=tuple(warm_widths(fitted.max_seq, fitted.fixed_width)),
             prompts=tuple(ckpt.prompts.items()) if embedder else (), default_prompt_name=prompt_default,
             instruction_template=INSTRUCTION_TEMPLATES.get(ckpt.model_type) if embedder else None,
-            file_format="gguf" if ckpt.gguf is not None else "safetensors", chat_template_inputs=self._chat is not None)
+            file_format="gguf" if ckpt.gguf is not None else "safetensors", chat_template_inputs=self._chat is not None,
+            modalities=("text", "image") if self._images is not None else ("text",), image_tokens=loaded.image_tokens)
         log.info("loaded %s (%s, %s, %s) in %.2f s: pooling %s, %d params, per-input limit %d tokens, "
-                 "batches of up to %d rows / %d tokens, BLAS: %s",
+                 "batches of up to %d rows / %d tokens, %d lanes sharing %d BLAS threads, BLAS: %s",
                  ckpt.path, ckpt.model_type, ckpt.architecture or "-", loaded.kind, time.monotonic() - started,
-                 mode.value, loaded.n_params, fitted.max_seq, fitted.max_rows, fitted.max_tokens, blas.description)
+                 mode.value, loaded.n_params, fitted.max_seq, fitted.max_rows, fitted.max_tokens, self._lanes,
+                 self._blas_threads, blas.description)
         self.load_s = time.monotonic() - started
         return runner, tokenizer.pad_id, fitted
 
@@ -214,27 +226,53 @@ class Engine:
             ids[-keep:] = suffix[-keep:]
         return ids
 
-    def embed_prompts(self, prompts: Sequence[Sequence[str | int]], *, truncate: bool | None = None,
+    def embed_prompts(self, prompts: Sequence[Sequence[str | int] | ImageInput], *, truncate: bool | None = None,
                       timeout_s: float = 3600) -> EmbedResult:
         """Tokenize llama-server prompts (text and token-id parts, see encode_prompt) in one batched call on
-        the caller's thread, then embed them. Vectors are not normalized (callers choose embd_normalize)."""
+        the caller's thread, then embed them with any images among them. Vectors are not normalized (callers
+        choose embd_normalize)."""
         self._require_embedder()
         started = time.monotonic()
-        token_lists = self.tokenizer.encode_prompts(prompts)
+        texts = [i for i, prompt in enumerate(prompts) if not isinstance(prompt, ImageInput)]
+        inputs: list = list(prompts)  # text prompts are replaced by their tokens below
+        for i, ids in zip(texts, self.tokenizer.encode_prompts([prompts[i] for i in texts]), strict=True):
+            inputs[i] = ids
         tokenize_s = time.monotonic() - started
-        result = self.embed(token_lists, truncate=truncate, timeout_s=timeout_s)
+        result = self.embed(inputs, truncate=truncate, timeout_s=timeout_s)
         result.timings.tokenize_s += tokenize_s
         return result
 
-    def embed(self, token_lists: list[list[int]], *, truncate: bool | None = None,
+    def embed(self, token_lists: Sequence[list[int] | ImageInput], *, truncate: bool | None = None,
               timeout_s: float = 3600) -> EmbedResult:
-        """Embed already tokenized inputs. Vectors are not normalized (callers choose embd_normalize)."""
+        """Embed already tokenized inputs and images. Vectors are not normalized (callers choose embd_normalize).
+
+        Images are decoded and preprocessed here, on the caller's thread; a bad one raises InvalidImage naming
+        its input index.
+        """
         info = self._require_embedder()
         cut = self.options.truncate if truncate is None else truncate
-        fitted = [self._fit(ids, info, cut) for ids in token_lists]
+        started = time.monotonic()
+        fitted = [self._image_work(i, item, info) if isinstance(item, ImageInput) else self._fit(item, info, cut)
+                  for i, item in enumerate(token_lists)]
+        preprocess_s = time.monotonic() - started
         results, timings = self._serve(fitted, None, timeout_s)
-        return EmbedResult(vectors=[r.value for r in results], n_tokens=[len(ids) for ids in fitted],
+        timings.tokenize_s += preprocess_s
+        return EmbedResult(vectors=[r.value for r in results],
+                           n_tokens=[item.n_tokens if isinstance(item, ImageWork) else len(item) for item in fitted],
                            timings=timings)
+
+    def _image_work(self, index: int, image: ImageInput, info: ModelInfo) -> ImageWork:
+        if self._images is None:
+            raise InvalidInput(f"input {index} is an image, but this model ({info.architecture or info.model_type}) "
+                               f"embeds text only")
+        if image.text.strip():
+            raise InvalidInput(f"input {index}: this model embeds either a text or one image per input, not both "
+                               f"(send the text as an input of its own)")
+        try:
+            pixels = self._images(image.data, self.options.image_max_pixels)
+        except InvalidImage as exc:
+            raise InvalidImage(f"input {index}: {exc}") from None
+        return ImageWork(pixels, info.image_tokens)
 
     def _require_embedder(self) -> ModelInfo:
         info = self.info

@@ -48,6 +48,7 @@ class EngineOptions:
     rerank_sigmoid: bool = False  # cross-encoder scores as sigmoid(logit) instead of the raw logit
     rerank_instruction: str | None = None  # generative rerankers: the server-wide <Instruct> text
     default_prompt_name: str | None = None  # embedding models: the prompt texts get when a request names none
+    image_max_pixels: int = 40_000_000  # an image with more pixels is refused from its header, before decoding
 
 
 @dataclass(frozen=True)
@@ -83,10 +84,27 @@ class ModelInfo:
     default_prompt_name: str | None = None
     instruction_template: str | None = None
     chat_template_inputs: bool = False  # texts are rendered with the checkpoint's chat template
+    modalities: tuple[str, ...] = ("text",)  # what an input may be: "text", "image"
+    image_tokens: int = 0  # what one image counts as (usage, batch budgets): its patches
 
     @property
     def is_reranker(self) -> bool:
         return self.kind != "embedder"
+
+    @property
+    def takes_images(self) -> bool:
+        return "image" in self.modalities
+
+
+@dataclass(frozen=True)
+class ImageInput:
+    """One image to embed: its encoded bytes (PNG, JPEG, ...), decoded by the engine off its thread.
+
+    `text` is what else the input said beside the image; families that embed an image alone refuse it.
+    """
+
+    data: bytes
+    text: str = ""
 
 
 @dataclass

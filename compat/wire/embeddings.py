@@ -36,15 +36,15 @@ class EmbeddingsRequest:
 
 
 def parse_embeddings_request(body: dict[str, Any], *, oai_route: bool, default_normalize: int,
-                             width: int) -> EmbeddingsRequest:
+                             width: int, takes_images: bool = False) -> EmbeddingsRequest:
     """Checks in llama's order (§3.1 steps 4, 5, 8), then our fields; llama's type-error 500s are 400s here (§13).
 
-    width: the model's embedding width, the most `dimensions` may keep.
+    width: the model's embedding width, the most `dimensions` may keep; takes_images: whether it embeds images.
     """
     if "input" in body:
-        prompts, oai = parse_input_prompts(body["input"]), oai_route
+        prompts, oai = parse_input_prompts(body["input"], takes_images), oai_route
     elif "content" in body:
-        prompts, oai = parse_input_prompts(body["content"]), False
+        prompts, oai = parse_input_prompts(body["content"], takes_images), False
     else:
         raise bad_request(NO_INPUT)
 

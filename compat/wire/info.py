@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from compat.wire.inputs import MEDIA_MARKER
 from engine.types import ModelInfo
 
 if TYPE_CHECKING:
@@ -33,14 +34,15 @@ def render_health_response() -> dict[str, Any]:
 def render_props_response(settings: Settings, info: ModelInfo, version: str,
                           model_name: str | None = None) -> dict[str, Any]:
     """model_name: the model's id on a several-model server (else llama's name from the settings)."""
-    # media_marker and chat_template_caps are left out: no multimodal input, no chat template
+    # chat_template_caps is left out (no chat template), media_marker too unless the model takes images
     return {
         "default_generation_settings": {"params": dict(_SAMPLING_DEFAULTS), "n_ctx": info.slot_ctx},
         "total_slots": info.n_slots,
         "model_alias": model_name or settings.model_name,
         "model_ftype": info.ftype,
         "model_path": info.path,
-        "modalities": {"vision": False, "video": False, "audio": False},
+        "modalities": {"vision": info.takes_images, "video": False, "audio": False},
+        **({"media_marker": MEDIA_MARKER} if info.takes_images else {}),
         "endpoint_slots": settings.slots,
         "endpoint_props": settings.props,
         "endpoint_metrics": settings.metrics,
@@ -68,7 +70,9 @@ def render_models_response(settings: Settings, info: ModelInfo, capabilities: li
     return {
         "models": [{
             "name": name, "model": name, "modified_at": "", "size": "", "digest": "", "type": "model",
-            "description": "", "tags": [""], "capabilities": capabilities, "parameters": "",
+            "description": "", "tags": [""],
+            # llama adds "multimodal" when the model takes images (an --mmproj there)
+            "capabilities": capabilities + (["multimodal"] if info.takes_images else []), "parameters": "",
             "details": {"parent_model": "", "format": info.file_format, "family": info.family or info.model_type,
                         "families": [info.family or info.model_type], "parameter_size": "",
                         "quantization_level": ""},
@@ -95,15 +99,16 @@ def render_model_meta(info: ModelInfo) -> dict[str, Any]:
 
 def embedding_capabilities(info: ModelInfo, *, prompt_texts: bool) -> dict[str, Any]:
     """What an embedding request may ask of this model (ours, absent for rerankers): its prompts (names, or
-    name -> text), the default one, the instruction template, whether texts go through its chat template, and
-    the `dimensions` range (Matryoshka)."""
+    name -> text), the default one, the instruction template, whether texts go through its chat template, the
+    `dimensions` range (Matryoshka) and what an input may be (input_modalities: "text", "image")."""
     if info.is_reranker:
         return {}
     return {"prompts": dict(info.prompts) if prompt_texts else [name for name, _ in info.prompts],
             "default_prompt_name": info.default_prompt_name,
             "instruction_template": info.instruction_template,
             "chat_template_inputs": info.chat_template_inputs,
-            "dimensions": {"min": 1, "max": info.n_embd}}
+            "dimensions": {"min": 1, "max": info.n_embd},
+            "input_modalities": list(info.modalities)}
 
 
 def render_slots_response(info: ModelInfo, n_processing: int) -> list[dict[str, Any]]:

@@ -1,19 +1,38 @@
-"""llama-server's input forms (contract §3.2) -> prompts. Pure: no falcon, no engine.
+"""llama-server's input forms (contract §3.2) and OpenAI content parts -> prompts. Pure: no falcon, no engine.
 
-A prompt is a list of parts: a str is text to tokenize, an int is a raw token id. The engine applies llama's
-mixed-prompt rule (only a leading str part gets special tokens) and validates token ids.
+A prompt is a list of parts: a str is text to tokenize, an int is a raw token id, a MediaRef is an image
+(fetched and checked by the resource, decoded by the engine). The engine applies llama's mixed-prompt rule
+(only a leading str part gets special tokens) and validates token ids.
+
+Images come in two spellings: llama's `{"prompt_string": "... <__media__> ...", "multimodal_data": [base64]}`
+(one marker per image, in order) and OpenAI's content parts `{"type": "image_url", "image_url": {"url": ...}}`
+/ `{"type": "text", "text": ...}`; a list of content parts inside the input list is one input made of them.
 """
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Union
 
 import orjson
 
 from compat.errors import bad_request
 
-Prompt = list[Union[str, int]]
+
+
+@dataclass(frozen=True)
+class MediaRef:
+    """An image as the request names it: a data: URL, a file:// or http(s):// URL, or bare base64."""
+
+    source: str
+
+
+Prompt = list[Union[str, int, MediaRef]]
+
+# llama's default media marker (mtmd_default_marker); /props reports it as media_marker
+MEDIA_MARKER = "<__media__>"
+CONTENT_PART_TYPES = ("text", "image_url")
 
 EMPTY_PROMPT = '"prompt" must not be empty'
 BAD_ELEMENTS = ('"prompt" elements must be a string, a list of tokens, a JSON object containing a prompt string, '
@@ -65,30 +84,82 @@ def parse_mixed_prompt(value: Any) -> Prompt:
     raise bad_request(BAD_ELEMENTS)
 
 
-def _object_prompt(value: dict[str, Any]) -> Prompt:
-    if value.get("multimodal_data"):
-        raise bad_request(MULTIMODAL)
+def _multimodal_prompt(value: dict[str, Any], takes_images: bool) -> Prompt:
+    """llama's object: its text, with one image per media marker, in order."""
     text = value.get("prompt_string")
     if not isinstance(text, str):
         raise bad_request(BAD_ELEMENTS)
-    return [text]
+    media = value.get("multimodal_data")
+    if not media:
+        return [text]
+    if not takes_images:
+        raise bad_request(MULTIMODAL)
+    if not isinstance(media, list) or not all(isinstance(item, str) for item in media):
+        raise bad_request('"multimodal_data" must be a list of base64-encoded images')
+    pieces = text.split(MEDIA_MARKER)
+    if len(pieces) - 1 != len(media):
+        raise bad_request(f'"prompt_string" has {len(pieces) - 1} media markers ({MEDIA_MARKER}) for '
+                          f'{len(media)} "multimodal_data" images; there must be one marker per image')
+    parts: Prompt = [pieces[0]] if pieces[0] else []
+    for source, piece in zip(media, pieces[1:]):
+        parts.append(MediaRef(source))
+        if piece:
+            parts.append(piece)
+    return parts
 
 
-def _subprompt(value: Any) -> Prompt:
-    return _object_prompt(value) if isinstance(value, dict) else parse_mixed_prompt(value)
+def _content_part(value: dict[str, Any], takes_images: bool) -> str | MediaRef:
+    """One OpenAI content part: {"type": "text", "text"} or {"type": "image_url", "image_url": {"url"}}."""
+    kind = value.get("type")
+    if kind == "text":
+        if not isinstance(value.get("text"), str):
+            raise bad_request('a "text" content part needs a string "text"')
+        return value["text"]
+    if kind == "image_url":
+        if not takes_images:
+            raise bad_request(MULTIMODAL)
+        image = value.get("image_url")
+        url = image.get("url") if isinstance(image, dict) else image
+        if not isinstance(url, str) or not url:
+            raise bad_request('an "image_url" content part needs "image_url": {"url": "<data:, file://, http(s):// '
+                              'URL or base64>"}')
+        return MediaRef(url)
+    raise bad_request(f"content part type {kind!r} is not supported (supported: {', '.join(CONTENT_PART_TYPES)})")
 
 
-def parse_input_prompts(value: Any) -> list[Prompt]:
+def _is_content_part(value: Any) -> bool:
+    return isinstance(value, dict) and "type" in value and "prompt_string" not in value
+
+
+def _object_prompt(value: dict[str, Any], takes_images: bool) -> Prompt:
+    if _is_content_part(value):
+        return [_content_part(value, takes_images)]
+    return _multimodal_prompt(value, takes_images)
+
+
+def _subprompt(value: Any, takes_images: bool) -> Prompt:
+    if isinstance(value, dict):
+        return _object_prompt(value, takes_images)
+    if isinstance(value, list) and value and all(_is_content_part(part) for part in value):
+        return [_content_part(part, takes_images) for part in value]  # several content parts: one input
+    return parse_mixed_prompt(value)
+
+
+def has_media(prompt: Prompt) -> bool:
+    return any(isinstance(part, MediaRef) for part in prompt)
+
+
+def parse_input_prompts(value: Any, takes_images: bool = False) -> list[Prompt]:
     """`input`/`content` -> prompts: a top-level list holding any token id is ONE mixed prompt, any other
-    list gives one prompt per element."""
+    list gives one prompt per element. An image for a model that takes none is llama's MULTIMODAL error."""
     if isinstance(value, list):
         if not value:
             raise bad_request(EMPTY_PROMPT)
         if any(is_token(part) for part in value):
             return [parse_mixed_prompt(value)]
-        return [_subprompt(element) for element in value]
+        return [_subprompt(element, takes_images) for element in value]
     if isinstance(value, (str, dict)):
-        return [_subprompt(value)]
+        return [_subprompt(value, takes_images)]
     raise bad_request(BAD_ELEMENTS)
 
 

@@ -13,6 +13,7 @@ from engine.scheduler import BatchLimits, next_batch, warm_widths
 class W:
     n_tokens: int
     seq: int
+    group: int = 0
 
 
 def waiting(*lengths: int, oldest: int = 0) -> list[W]:
@@ -126,3 +127,18 @@ def test_invariants_on_random_queues(seed):
             if 0 <= pos < n:
                 grown = max(width, limits.width(items[order[pos]].n_tokens))
                 assert (len(picked) + 1) * grown > limits.max_tokens
+
+
+def test_images_and_texts_never_share_a_pass_and_images_are_not_padded():
+    items = [W(10, 1), W(196, 0, group=1), W(12, 2), W(196, 3, group=1), W(196, 4, group=1)]
+    limits = BatchLimits(max_tokens=400, max_rows=8)
+    picked = next_batch(items, limits)  # the oldest is an image: two images fit 400 tokens
+    assert sorted(picked) == [1, 3]
+    assert sorted(next_batch([items[i] for i in (0, 2, 4)], limits)) == [0, 1]
+
+
+def test_fixed_width_rows_use_one_width():
+    limits = BatchLimits(max_tokens=256, max_rows=8, max_seq=64, fixed_width=64)
+    assert [limits.width(n) for n in (1, 9, 64)] == [64, 64, 64]
+    assert warm_widths(64, fixed_width=64) == [64]
+    assert len(next_batch(waiting(*[5] * 10), limits)) == 4

@@ -95,7 +95,7 @@ def test_a_second_sigterm_stops_waiting(tmp_path):
 
 @pytest.fixture(scope="module")
 def server():
-    with ServerProcess("--embedding", "--payload-limit", "100000", "--connection-limit", "400") as srv:
+    with ServerProcess("--embedding", "--payload-limit", "100000") as srv:  # the default --connection-limit
         yield srv
 
 
@@ -115,18 +115,41 @@ def test_a_body_over_the_payload_limit_is_413_before_it_is_read(server):
     assert server.post("/v1/embeddings", {"input": "x" * 90_000}).status_code == 200
 
 
-def test_hundreds_of_idle_connections_do_not_lock_out_a_new_client(server):
+def _keep_alive_connection(port: int) -> socket.socket:
+    """A client that made one request, read its answer and keeps the connection open, idle."""
+    conn = socket.create_connection(("127.0.0.1", port), timeout=30)
+    conn.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    answer = b""
+    while not answer.endswith(b'{"status":"ok"}'):
+        chunk = conn.recv(4096)
+        assert chunk, f"the server closed the connection: {answer!r}"
+        answer += chunk
+    return conn
+
+
+def test_hundreds_of_idle_keep_alive_connections_do_not_lock_out_a_new_client(server):
     idle = []
     try:
         for _ in range(300):
-            conn = socket.create_connection(("127.0.0.1", server.port))
-            idle.append(conn)
-        time.sleep(0.5)
+            idle.append(_keep_alive_connection(server.port))
         res = requests.post(server.base + "/v1/embeddings", json={"input": "still served"}, timeout=20)
         assert res.status_code == 200
     finally:
         for conn in idle:
             conn.close()
+
+
+def test_the_connection_limit_is_enforced_and_released():
+    with ServerProcess("--embedding", "--connection-limit", "4") as srv:
+        idle = [_keep_alive_connection(srv.port) for _ in range(4)]
+        try:
+            with pytest.raises(requests.Timeout):  # a fifth connection waits in the backlog
+                requests.get(srv.base + "/health", timeout=2)
+            idle.pop().close()
+            assert requests.get(srv.base + "/health", timeout=20).status_code == 200
+        finally:
+            for conn in idle:
+                conn.close()
 
 
 def test_stalled_and_slow_clients_do_not_hold_up_others(server):

@@ -1,0 +1,132 @@
+"""Where an image in a request comes from -> its bytes, under the operator's rules.
+
+Sources: `data:image/...;base64,...` URLs and bare base64 always; `file://` paths only inside --media-path
+(relative to it, or absolute inside it; no `..`, symlinks resolved before the check); `http(s)://` only with
+--allow-remote-media, fetched with a byte cap and a timeout. Every source is bounded by --media-max-bytes.
+`load` raises ValueError with a message for the client; `image_input` turns it into a 400 naming the input.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import os
+import re
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from compat.errors import bad_request
+from compat.wire.inputs import MediaRef, Prompt
+from engine.types import ImageInput
+
+_DATA_URL = re.compile(r"data:([^;,]*)((?:;[^;,]*)*),(.*)", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class MediaPolicy:
+    media_path: Path | None  # resolved root for file:// URLs; None: file:// refused
+    allow_remote: bool
+    max_bytes: int
+    timeout_s: float
+
+    @classmethod
+    def create(cls, media_path: str | None, allow_remote: bool, max_bytes: int, timeout_s: float) -> MediaPolicy:
+        root = Path(media_path).expanduser().resolve() if media_path else None
+        return cls(media_path=root, allow_remote=allow_remote, max_bytes=max_bytes, timeout_s=timeout_s)
+
+
+def load(source: str, policy: MediaPolicy) -> bytes:
+    """The bytes an image source names."""
+    if source.startswith("data:"):
+        return _data_url(source, policy)
+    if source.startswith("file://"):
+        return _local_file(source, policy)
+    if source.startswith(("http://", "https://")):
+        return _remote(source, policy)
+    return _base64(source, policy)
+
+
+def _base64(text: str, policy: MediaPolicy) -> bytes:
+    if len(text) // 4 * 3 > policy.max_bytes:
+        raise ValueError(f"the image is larger than the {policy.max_bytes} bytes allowed (--media-max-bytes)")
+    try:
+        data = base64.b64decode(re.sub(r"\s+", "", text), validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError("the image is not a data: URL, a file:// or http(s):// URL, or base64") from None
+    if not data:
+        raise ValueError("the image is empty")
+    return data
+
+
+def _data_url(url: str, policy: MediaPolicy) -> bytes:
+    match = _DATA_URL.fullmatch(url)
+    if match is None or not match.group(1).startswith("image/"):
+        raise ValueError("a data: URL must be data:image/<type>;base64,<data>")
+    if "base64" not in match.group(2).split(";"):
+        raise ValueError("a data: URL must be base64 encoded (data:image/<type>;base64,<data>)")
+    return _base64(match.group(3), policy)
+
+
+def _local_file(url: str, policy: MediaPolicy) -> bytes:
+    if policy.media_path is None:
+        raise ValueError("file:// URLs are not allowed unless the server is started with --media-path")
+    raw = urllib.parse.unquote(url[len("file://"):])
+    if not raw or "\0" in raw:
+        raise ValueError("the file:// URL names no file")
+    if ".." in re.split(r"[\\/]+", raw):
+        raise ValueError("file:// paths must not contain '..'")
+    root = policy.media_path
+    candidate = Path(raw) if os.path.isabs(raw) else root / raw
+    resolved = candidate.resolve()  # symlinks followed: the check below sees where the file really is
+    if resolved != root and root not in resolved.parents:
+        raise ValueError(f"file path is not allowed: {raw} is outside --media-path")
+    if not resolved.is_file():
+        raise ValueError(f"file does not exist or cannot be opened: {raw}")
+    size = resolved.stat().st_size
+    if size > policy.max_bytes:
+        raise ValueError(f"{raw} has {size} bytes, more than the {policy.max_bytes} allowed (--media-max-bytes)")
+    try:
+        return resolved.read_bytes()
+    except OSError:
+        raise ValueError(f"file does not exist or cannot be opened: {raw}") from None
+
+
+def _remote(url: str, policy: MediaPolicy) -> bytes:
+    if not policy.allow_remote:
+        raise ValueError("http(s) image URLs are not allowed unless the server is started with --allow-remote-media")
+    deadline = time.monotonic() + policy.timeout_s
+    request = urllib.request.Request(url, headers={"User-Agent": "mlx-embed-server"})
+    chunks, size = [], 0
+    try:
+        with urllib.request.urlopen(request, timeout=policy.timeout_s) as response:  # noqa: S310 (operator-enabled)
+            while chunk := response.read(1 << 16):
+                size += len(chunk)
+                if size > policy.max_bytes:
+                    raise ValueError(f"the image is larger than the {policy.max_bytes} bytes allowed "
+                                     f"(--media-max-bytes)")
+                if time.monotonic() > deadline:
+                    raise ValueError(f"downloading the image took longer than {policy.timeout_s:g} s "
+                                     f"(--media-timeout)")
+                chunks.append(chunk)
+    except urllib.error.HTTPError as exc:
+        raise ValueError(f"downloading the image failed: HTTP {exc.code}") from None
+    except (urllib.error.URLError, TimeoutError, OSError) as exc:
+        raise ValueError(f"downloading the image failed: {getattr(exc, 'reason', exc)}") from None
+    return b"".join(chunks)
+
+
+def image_input(index: int, prompt: Prompt, policy: MediaPolicy) -> ImageInput:
+    """One request input holding an image -> the engine's ImageInput (its bytes, and any text beside it)."""
+    images = [part for part in prompt if isinstance(part, MediaRef)]
+    if len(images) != 1:
+        raise bad_request(f"input {index} has {len(images)} images; an input may hold one image")
+    if any(not isinstance(part, (str, MediaRef)) for part in prompt):
+        raise bad_request(f"input {index}: token ids cannot be combined with an image")
+    try:
+        data = load(images[0].source, policy)
+    except ValueError as exc:
+        raise bad_request(f"input {index}: {exc}") from None
+    return ImageInput(data=data, text="".join(part for part in prompt if isinstance(part, str)))

@@ -1,0 +1,113 @@
+"""Image bytes -> the pixel array a vision tower takes, exactly as the checkpoint's image processor makes it.
+
+Runs on the request thread (never the engine thread). Decoding is bounded: the header is read first and an
+image with more pixels than allowed is refused before its pixels are decompressed.
+"""
+from __future__ import annotations
+
+import io
+import json
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from engine.errors import InvalidInput, UnsupportedCheckpoint
+
+# The processors whose fixed-size recipe (convert to RGB, resize to height x width, rescale, normalize) this
+# module reproduces; their defaults where preprocessor_config.json leaves a key out.
+_FIXED_SIZE_PROCESSORS = {"SiglipImageProcessor", "SiglipImageProcessorFast", "SiglipImageProcessorPil"}
+_DEFAULTS = {"do_resize": True, "do_rescale": True, "do_normalize": True, "do_convert_rgb": True,
+             "resample": 3, "rescale_factor": 1 / 255, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}
+
+
+class InvalidImage(InvalidInput):
+    """Bytes that are not an image we can decode, or an image over the limits."""
+
+
+@dataclass(frozen=True)
+class ImageProcessor:
+    height: int
+    width: int
+    resample: int  # PIL's filter number (3 = bicubic)
+    do_resize: bool
+    do_rescale: bool
+    rescale_factor: float
+    do_normalize: bool
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    do_convert_rgb: bool
+
+    @classmethod
+    def from_checkpoint(cls, folder: Path, image_size: int) -> ImageProcessor:
+        """preprocessor_config.json's recipe, or the family's default one (a square of the tower's size)."""
+        path = folder / "preprocessor_config.json"
+        config = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+        kind = config.get("image_processor_type", "SiglipImageProcessor")
+        if kind not in _FIXED_SIZE_PROCESSORS:
+            raise UnsupportedCheckpoint(f"{path}: image processor {kind!r} is not supported "
+                                        f"(supported: {', '.join(sorted(_FIXED_SIZE_PROCESSORS))})")
+        merged = {**_DEFAULTS, **config}
+        size = merged.get("size") or {"height": image_size, "width": image_size}
+        if set(size) != {"height", "width"}:
+            raise UnsupportedCheckpoint(f"{path}: image size {size} is not supported (only height and width)")
+        if (size["height"], size["width"]) != (image_size, image_size):
+            raise UnsupportedCheckpoint(f"{path}: the processor makes {size['height']}x{size['width']} images; "
+                                        f"the vision tower takes {image_size}x{image_size}")
+        return cls(height=int(size["height"]), width=int(size["width"]), resample=int(merged["resample"]),
+                   do_resize=bool(merged["do_resize"]), do_rescale=bool(merged["do_rescale"]),
+                   rescale_factor=float(merged["rescale_factor"]), do_normalize=bool(merged["do_normalize"]),
+                   mean=tuple(float(m) for m in merged["image_mean"]), std=tuple(float(s) for s in merged["image_std"]),
+                   do_convert_rgb=bool(merged["do_convert_rgb"]))
+
+    def __call__(self, data: bytes, max_pixels: int) -> np.ndarray:
+        """Encoded image -> float32 [3, height, width]."""
+        image = decode(data, max_pixels)
+        if self.do_convert_rgb or image.mode != "RGB":
+            image = _to_rgb(image)
+        if self.do_resize:
+            image = image.resize((self.width, self.height), resample=self.resample)
+        elif image.size != (self.width, self.height):
+            raise InvalidImage(f"the image is {image.width}x{image.height}; this model takes "
+                               f"{self.width}x{self.height} and its processor does not resize")
+        pixels = np.asarray(image)
+        if self.do_rescale:  # in float64, then float32: the reference processor's order of rounding
+            pixels = (pixels.astype(np.float64) * self.rescale_factor).astype(np.float32)
+        pixels = pixels.astype(np.float32)
+        if self.do_normalize:
+            pixels = (pixels - np.array(self.mean, np.float32)) / np.array(self.std, np.float32)
+        return np.ascontiguousarray(pixels.transpose(2, 0, 1))
+
+
+def decode(data: bytes, max_pixels: int):
+    """Open an encoded image, refusing it by its header when it has more than max_pixels pixels."""
+    from PIL import Image  # lazy: text-only servers never pay for Pillow's import
+
+    try:
+        image = Image.open(io.BytesIO(data))
+    except Exception as exc:  # Pillow raises several unrelated types for undecodable bytes
+        raise InvalidImage(f"not an image Pillow can decode ({type(exc).__name__})") from None
+    pixels = image.width * image.height
+    if pixels > max_pixels:
+        raise InvalidImage(f"the image has {pixels} pixels ({image.width}x{image.height}), more than the "
+                           f"{max_pixels} allowed (--image-max-pixels)")
+    if pixels == 0:
+        raise InvalidImage("the image has no pixels")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # our own bound applies instead
+            image.load()
+    except Exception as exc:
+        raise InvalidImage(f"the image data is damaged ({type(exc).__name__}: {exc})") from None
+    return image
+
+
+def _to_rgb(image):
+    """RGB, compositing any transparency onto white (what the reference processor does)."""
+    from PIL import Image
+
+    if "A" in image.getbands() or image.info.get("transparency") is not None:
+        rgba = image.convert("RGBA")
+        return Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba).convert("RGB")
+    return image.convert("RGB")
