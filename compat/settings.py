@@ -1019,6 +1019,12 @@ def command_options(command: type[BaseSettings]) -> list[_Option]:
     return _declared_options(command)
 
 
+def command_table(command: type[BaseSettings]) -> list[dict[str, Any]]:
+    """One row per option of an offline command: flags, default, help, group, shared (a server option reused)."""
+    return [{"flags": list(opt.flags + opt.no_flags), "default": opt.default, "help": opt.help, "group": opt.group,
+             "shared": opt.field in Settings.model_fields} for opt in command_options(command)]
+
+
 def command_help(command: type[BaseSettings]) -> str:
     return _help_text(command_options(command), _COMMAND_GROUPS, _COMMAND_USAGE[command])
 
