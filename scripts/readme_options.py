@@ -48,8 +48,9 @@ def commands_markdown() -> str:
         lines += [f"`{name}`:", "", "| flags | default | server option | meaning |", "|---|---|---|---|"]
         for row in command_table(command):
             default = "" if row["default"] in (None, [], "") else f"`{row['default']}`"
+            meaning = "as in the server's table below" if row["server_help"] else _cell(row["help"])
             lines.append("| " + " | ".join([", ".join(f"`{f}`" for f in row["flags"]), default,
-                                            "yes" if row["shared"] else "", _cell(row["help"])]) + " |")
+                                            "yes" if row["shared"] else "", meaning]) + " |")
         lines.append("")
     return "\n".join(lines)
 

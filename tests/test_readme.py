@@ -24,7 +24,7 @@ def test_options_table_matches_the_declaration():
 def test_offline_commands_tables_match_the_declaration():
     block = re.search(r"<!-- commands:begin[^>]*-->\n(.*?)<!-- commands:end -->", _readme(), re.S)
     assert block, "README has no offline commands block"
-    assert block.group(1) == commands_markdown()
+    assert block.group(1) == commands_markdown(), "regenerate it: .venv/bin/python scripts/readme_options.py --commands"
 
 
 def test_ci_runs_the_readme_test_command():
