@@ -135,6 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     warmup = args.warmup if args.warmup is not None else min(300.0, args.duration / 10)
 
+    # the code the server runs: the checkout as it is now, when the server starts
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                            text=True).stdout.strip()
     port = free_port()
     base = f"http://{HOST}:{port}"
     server_argv = [sys.executable, "-m", "compat.cli", "--embedding", "--metrics", "--host", HOST, "--port",
@@ -182,17 +185,15 @@ def main(argv: list[str] | None = None) -> int:
     growth = final / baseline - 1
     passed = not tally.errors and tally.drift <= MAX_DRIFT and growth < MAX_GROWTH and healthy and exit_code == 0
     write_report(args, server_argv, tally, samples, warmup, window, baseline, final, growth, elapsed, healthy,
-                 exit_code, metrics, passed)
+                 exit_code, metrics, passed, commit)
     print(args.out.read_text())
     return 0 if passed else 1
 
 
 def write_report(args: argparse.Namespace, server_argv: list[str], tally: Tally, samples: list[tuple[float, float]],
                  warmup: float, window: float, baseline: float, final: float, growth: float, elapsed: float,
-                 healthy: bool, exit_code: int, metrics: str, passed: bool) -> None:
+                 healthy: bool, exit_code: int, metrics: str, passed: bool, commit: str) -> None:
     latencies = sorted(tally.latencies) or [float("nan")]
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                            text=True).stdout.strip()
     load = os.getloadavg()
     lines = [
         "# Soak run",
