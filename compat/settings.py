@@ -886,7 +886,8 @@ def shared_option(name: str, **changes: Any) -> Any:
     """Settings' option `name` for an offline command; `changes` replace parts of its declaration (help, flags)."""
     info = Settings.model_fields[name]
     assert isinstance(info.json_schema_extra, dict)
-    extra = {**info.json_schema_extra, "env": None, "per_model": False, "group": "model", **changes}
+    extra = {**info.json_schema_extra, "env": None, "per_model": False, "group": "model", "server_field": name,
+             **changes}
     default = info.get_default(call_default_factory=True)
     return Field(default_factory=list, json_schema_extra=extra) if default == [] else Field(default, json_schema_extra=extra)
 
@@ -1020,6 +1021,19 @@ _COMMAND_USAGE = {
 
 def command_options(command: type[BaseSettings]) -> list[_Option]:
     return _declared_options(command)
+
+
+def command_table(command: type[BaseSettings]) -> list[dict[str, Any]]:
+    """One row per option of an offline command: flags, default, help, group, shared (a server option reused) and
+    server_help (its help is the server's, unchanged)."""
+    rows = []
+    for opt in command_options(command):
+        meta = command.model_fields[str(opt.field)].json_schema_extra
+        server = _BY_FIELD.get(meta.get("server_field")) if isinstance(meta, dict) else None
+        rows.append({"flags": list(opt.flags + opt.no_flags), "default": opt.default, "help": opt.help,
+                     "group": opt.group, "shared": server is not None,
+                     "server_help": server is not None and opt.help == server.help})
+    return rows
 
 
 def command_help(command: type[BaseSettings]) -> str:
