@@ -10,7 +10,7 @@ One invocation measures, on the same weights and the same seeded texts:
 - sentence-transformers (torch CPU) and onnxruntime (MiniLM exported with torch.onnx) in-process, one caller,
   the same batches; sentence-transformers' CrossEncoder for the rerank load; llama-server when given;
 - startup to ready, and the engine alone in tokens per CPU-second against onnxruntime and torch (1 thread).
-Every figure is printed as a ratio to ours, and benchmarks/RESULTS.md (or --out) is rewritten from scratch.
+Every figure is printed as a ratio to ours, and benchmarks/BASELINES.md (or --out) is rewritten from scratch.
 Baselines run in worker processes (this script with --worker) so that each has its own memory and threads.
 Every load loop is bounded by a request count and a duration and stops by itself. See benchmarks/README.md.
 """
@@ -1116,7 +1116,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rerank-gguf", help="GGUF of the same cross-encoder, for llama-server --reranking")
     parser.add_argument("--llama-server-args", default="",
                         help="extra llama-server flags, e.g. \"-c 8192 -np 16 -ub 8192 -b 8192\"")
-    parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "RESULTS.md"))
+    parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "BASELINES.md"))
     parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
     parser.add_argument("--spec", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)

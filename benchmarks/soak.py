@@ -118,6 +118,13 @@ def make_pool(n: int) -> list[str]:
     return [random_words(rng, words) for words in lengths]
 
 
+def first_of_each_minute(samples: list[tuple[float, float]]) -> list[float]:
+    firsts: dict[int, float] = {}
+    for t, rss in samples:
+        firsts.setdefault(int(t // 60), rss)
+    return list(firsts.values())
+
+
 def median_between(samples: list[tuple[float, float]], start: float, end: float) -> float:
     inside = [rss for t, rss in samples if start <= t <= end]
     return statistics.median(inside) if inside else float("nan")
@@ -135,6 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     warmup = args.warmup if args.warmup is not None else min(300.0, args.duration / 10)
 
+    # the code the server runs: the checkout as it is now, when the server starts
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                            text=True).stdout.strip()
     port = free_port()
     base = f"http://{HOST}:{port}"
     server_argv = [sys.executable, "-m", "compat.cli", "--embedding", "--metrics", "--host", HOST, "--port",
@@ -158,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
                                    .json()["data"][0]["embedding"]) for t in pool}
         tally = Tally()
         samples: list[tuple[float, float]] = []
+        every = min(RSS_EVERY_S, max(0.5, args.duration / 40))  # short smoke runs still get samples
         started = time.monotonic()
         until = started + args.duration
         threads = [threading.Thread(target=client, args=(k, base, pool, reference, until, tally), daemon=True)
@@ -166,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
             thread.start()
         while time.monotonic() < until:
             samples.append((time.monotonic() - started, rss_mib(proc.pid)))
-            time.sleep(min(RSS_EVERY_S, max(0.0, until - time.monotonic())))
+            time.sleep(min(every, max(0.0, until - time.monotonic())))
         for thread in threads:
             thread.join(timeout=180)
         samples.append((time.monotonic() - started, rss_mib(proc.pid)))
@@ -182,17 +193,15 @@ def main(argv: list[str] | None = None) -> int:
     growth = final / baseline - 1
     passed = not tally.errors and tally.drift <= MAX_DRIFT and growth < MAX_GROWTH and healthy and exit_code == 0
     write_report(args, server_argv, tally, samples, warmup, window, baseline, final, growth, elapsed, healthy,
-                 exit_code, metrics, passed)
+                 exit_code, metrics, passed, commit)
     print(args.out.read_text())
     return 0 if passed else 1
 
 
 def write_report(args: argparse.Namespace, server_argv: list[str], tally: Tally, samples: list[tuple[float, float]],
                  warmup: float, window: float, baseline: float, final: float, growth: float, elapsed: float,
-                 healthy: bool, exit_code: int, metrics: str, passed: bool) -> None:
+                 healthy: bool, exit_code: int, metrics: str, passed: bool, commit: str) -> None:
     latencies = sorted(tally.latencies) or [float("nan")]
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                            text=True).stdout.strip()
     load = os.getloadavg()
     lines = [
         "# Soak run",
@@ -221,10 +230,10 @@ def write_report(args: argparse.Namespace, server_argv: list[str], tally: Tally,
         f"**{'PASS' if passed else 'FAIL'}**: {args.clients} clients for {elapsed:.0f} s; requests per route: "
         + ", ".join(f"{route} {n}" for route, n in sorted(tally.by_route.items())) + ".",
         "",
-        "RSS over time (MiB, one sample per minute):",
+        "RSS over time (MiB, the first sample of each minute):",
         "",
         "```",
-        " ".join(f"{rss:.0f}" for t, rss in samples if int(t) % 60 < RSS_EVERY_S) or "-",
+        " ".join(f"{rss:.0f}" for rss in first_of_each_minute(samples)) or "-",
         "```",
     ]
     if tally.errors:

@@ -203,7 +203,8 @@ class Settings(BaseSettings):
         help="compute dtype: auto = float32 on a CPU (half-precision matmuls are slow there), the checkpoint's "
              "own dtype on a GPU; the others force it (quantized layers keep their bits)")
     threads: int = option(-1, flags=["-t", "--threads"], env="LLAMA_ARG_THREADS", metavar="N", group="batching",
-                          help="CPU threads for the math library; -1 = the library's default")
+                          help="CPU threads for the engine: two passes compute at once on 2+ threads, sharing them for BLAS; "
+                               "-1 = every core")
     max_batch_tokens: int = option(
         512, flags=["--max-batch-tokens"], env="LLAMA_ARG_MAX_BATCH_TOKENS", metavar="N", group="batching",
         per_model=True, help="most rows x width in one forward pass (rows run at their longest input's length; lowered at startup to what fits in memory)")
@@ -885,7 +886,8 @@ def shared_option(name: str, **changes: Any) -> Any:
     """Settings' option `name` for an offline command; `changes` replace parts of its declaration (help, flags)."""
     info = Settings.model_fields[name]
     assert isinstance(info.json_schema_extra, dict)
-    extra = {**info.json_schema_extra, "env": None, "per_model": False, "group": "model", **changes}
+    extra = {**info.json_schema_extra, "env": None, "per_model": False, "group": "model", "server_field": name,
+             **changes}
     default = info.get_default(call_default_factory=True)
     return Field(default_factory=list, json_schema_extra=extra) if default == [] else Field(default, json_schema_extra=extra)
 
@@ -924,6 +926,9 @@ class EmbedCommand(_ModelOptions):
 
     prompt: list[str] = option([], flags=["-p", "--prompt"], kind="repeated", metavar="TEXT", group="input",
                                help="a text to embed; repeat for several")
+    image: list[str] = option([], flags=["--image"], kind="repeated", metavar="FILE", group="input",
+                              help="an image file to embed (models that take images, e.g. SigLIP); repeat for several; "
+                                   "images follow the texts in the output")
     prompt_name: str | None = option(
         None, flags=["--prompt-name"], metavar="NAME", group="model",
         help="a prompt of the model's config_sentence_transformers.json put before every text")
@@ -1016,6 +1021,19 @@ _COMMAND_USAGE = {
 
 def command_options(command: type[BaseSettings]) -> list[_Option]:
     return _declared_options(command)
+
+
+def command_table(command: type[BaseSettings]) -> list[dict[str, Any]]:
+    """One row per option of an offline command: flags, default, help, group, shared (a server option reused) and
+    server_help (its help is the server's, unchanged)."""
+    rows = []
+    for opt in command_options(command):
+        meta = command.model_fields[str(opt.field)].json_schema_extra
+        server = _BY_FIELD.get(meta.get("server_field")) if isinstance(meta, dict) else None
+        rows.append({"flags": list(opt.flags + opt.no_flags), "default": opt.default, "help": opt.help,
+                     "group": opt.group, "shared": server is not None,
+                     "server_help": server is not None and opt.help == server.help})
+    return rows
 
 
 def command_help(command: type[BaseSettings]) -> str:

@@ -8,14 +8,37 @@ there are never more threads than engines alive at once.
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 from collections.abc import Callable
+
+import mlx.core as mx
 
 log = logging.getLogger(__name__)
 
 _lock = threading.Lock()
 _idle: list[_EngineThread] = []
+_streams = threading.local()
+
+# Passes computing at once (engine/worker.py lanes). Two keep both cores of the 2-core reference machine busy on
+# every op; on more cores, the extra threads go to BLAS.
+MAX_LANES = 2
+
+
+def plan(threads: int, cpu_count: int | None = None) -> tuple[int, int]:
+    """-t/--threads -> (lanes, BLAS threads the lanes share); threads <= 0 means every core."""
+    total = threads if threads > 0 else (cpu_count or os.cpu_count() or 1)
+    return max(1, min(MAX_LANES, total)), total
+
+
+def own_stream() -> mx.Stream:
+    """This thread's own stream on the default device (MLX streams belong to the thread that made them); one per
+    thread for its whole life, since engine threads are reused."""
+    stream = getattr(_streams, "stream", None)
+    if stream is None:
+        stream = _streams.stream = mx.new_stream(mx.default_device())
+    return stream
 
 
 class Task:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
+from engine import spm
 from engine.checkpoint import Checkpoint
 from engine.errors import UnsupportedCheckpoint
 from engine.types import VocabType
@@ -176,6 +177,9 @@ def _load(checkpoint: Checkpoint) -> Tokenizer:
     path: Path = checkpoint.path / "tokenizer.json"
     if path.is_file():
         tok = Tokenizer.from_file(str(path))
+    elif (checkpoint.path / "spiece.model").is_file() and \
+            checkpoint.tokenizer_config.get("tokenizer_class") in spm.SIGLIP_TOKENIZERS:
+        tok = Tokenizer.from_str(spm.siglip_tokenizer(checkpoint.path, checkpoint.tokenizer_config))
     else:
         tok = _load_with_transformers(checkpoint)
     # The engine pads per micro-batch and truncates per checkpoint limit: strip baked-in settings.

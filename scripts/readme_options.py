@@ -1,7 +1,8 @@
-"""Print the README's option table from the one option declaration (compat/settings.py).
+"""Print the README's option tables from the one option declaration (compat/settings.py).
 
-    .venv/bin/python scripts/readme_options.py   # paste between the README's options markers
-tests/test_readme.py fails when the README's table and the declaration disagree.
+    .venv/bin/python scripts/readme_options.py              # paste between the README's options markers
+    .venv/bin/python scripts/readme_options.py --commands   # mlx-embed / mlx-rerank, between the commands markers
+tests/test_readme.py fails when the README's tables and the declaration disagree.
 """
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from compat.settings import option_table  # noqa: E402
+from compat.settings import EmbedCommand, RerankCommand, command_table, option_table  # noqa: E402
 
 IGNORED = "ignored-for-compatibility"
 
@@ -40,5 +41,19 @@ def options_markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
+def commands_markdown() -> str:
+    """The offline commands' options; "server option" marks those reused from the server's declaration."""
+    lines: list[str] = []
+    for name, command in (("mlx-embed", EmbedCommand), ("mlx-rerank", RerankCommand)):
+        lines += [f"`{name}`:", "", "| flags | default | server option | meaning |", "|---|---|---|---|"]
+        for row in command_table(command):
+            default = "" if row["default"] in (None, [], "") else f"`{row['default']}`"
+            meaning = "as in the server's table below" if row["server_help"] else _cell(row["help"])
+            lines.append("| " + " | ".join([", ".join(f"`{f}`" for f in row["flags"]), default,
+                                            "yes" if row["shared"] else "", meaning]) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
-    sys.stdout.write(options_markdown())
+    sys.stdout.write(commands_markdown() if sys.argv[1:] == ["--commands"] else options_markdown())

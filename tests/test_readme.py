@@ -8,7 +8,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from readme_options import options_markdown  # noqa: E402
+from readme_options import commands_markdown, options_markdown  # noqa: E402
 
 
 def _readme() -> str:
@@ -19,6 +19,12 @@ def test_options_table_matches_the_declaration():
     block = re.search(r"<!-- options:begin[^>]*-->\n(.*?)<!-- options:end -->", _readme(), re.S)
     assert block, "README has no options block"
     assert block.group(1) == options_markdown()
+
+
+def test_offline_commands_tables_match_the_declaration():
+    block = re.search(r"<!-- commands:begin[^>]*-->\n(.*?)<!-- commands:end -->", _readme(), re.S)
+    assert block, "README has no offline commands block"
+    assert block.group(1) == commands_markdown(), "regenerate it: .venv/bin/python scripts/readme_options.py --commands"
 
 
 def test_ci_runs_the_readme_test_command():

@@ -105,9 +105,6 @@ class GGUFFile:
         values = dequantize(raw.reshape(-1, block_bytes))
         return values.reshape(info.shape)
 
-    def close(self) -> None:
-        self._data = None  # the map closes once no array views it
-
 
 def _nbytes(shape: tuple[int, ...], ggml_type: int) -> int:
     if ggml_type not in TYPES:

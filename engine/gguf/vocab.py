@@ -3,7 +3,6 @@
 with phantom spaces), so that ids equal llama-server's /tokenize on the same file."""
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -239,7 +238,3 @@ def _template(rules: SpecialRules, tokens: list[str], wordpiece: bool) -> proces
 
 def _tmpl(item: str) -> str:
     return item if item.startswith("$") else f"{item}:0"
-
-
-def describe(tok: Tokenizer) -> dict[str, Any]:
-    return json.loads(tok.to_str())

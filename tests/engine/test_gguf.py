@@ -41,6 +41,17 @@ def test_token_ids_equal_llama_server(name):
     assert [tok.pieces(ids) for ids in ours] == answers["tokenize"]["pieces"]
 
 
+def test_rerank_prompt_follows_the_files_flags_and_truncates_longest_first():
+    path = gguf_fixture("bert-tiny-ce-distilled-f32.gguf")
+    tok = GGUFTokenizer(Checkpoint(path=path, config={}, gguf=GGUFFile(path)))
+    query, document = tok.encode("what is a cat", False, False), tok.encode("a cat is a small animal " * 4, False, False)
+    ids, types = tok.encode_pair("what is a cat", "a cat is a small animal " * 4)
+    # add_bos, add_eos, no add_sep: [CLS] q [SEP] d [SEP], as llama-server builds it; token types all 0
+    assert ids == [101, *query, 102, *document, 102] and set(types) == {0}
+    cut, _ = tok.encode_pair("what is a cat", "a cat is a small animal " * 4, max_length=16)
+    assert cut == [101, *query, 102, *document[:16 - 3 - len(query)], 102]
+
+
 def test_minilm_f16_vectors_equal_llama_server_and_the_original(minilm_f16):
     answers = llama_answers("minilm-f16")
     ids = [minilm_f16.encode_prompt([s]) for s in answers["sentences"]]

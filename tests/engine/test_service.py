@@ -25,10 +25,18 @@ def minilm(minilm_path):
     eng.close()
 
 
+@pytest.fixture(scope="module")
+def one_lane(minilm_path):
+    """A single-lane engine (-t 1): one thread computes, so a held pass holds the whole engine."""
+    eng = start_engine(minilm_path, threads=1)
+    yield eng
+    eng.close()
+
+
 @pytest.fixture
-def gated_runner(minilm, monkeypatch):
-    """Hold the engine thread inside its next forward pass until the test releases it."""
-    real = minilm._worker._runner
+def gated_runner(one_lane, monkeypatch):
+    """Hold the (single-lane) engine thread inside its next forward pass until the test releases it."""
+    real = one_lane._worker._runner
     entered, release = threading.Event(), threading.Event()
 
     def runner(*args):
@@ -36,7 +44,7 @@ def gated_runner(minilm, monkeypatch):
         assert release.wait(60), "the test never released the engine thread"
         return real(*args)
 
-    monkeypatch.setattr(minilm._worker, "_runner", runner)
+    monkeypatch.setattr(one_lane._worker, "_runner", runner)
     try:
         yield entered, release
     finally:
@@ -155,32 +163,32 @@ def test_split_into_small_batches_agrees(minilm_path, minilm):
         small.close()
 
 
-def test_concurrent_requests_agree_with_lone_embeddings(minilm, gated_runner):
+def test_concurrent_requests_agree_with_lone_embeddings(one_lane, gated_runner):
     """Several threads' inputs, queued together while the engine is busy, share forward passes."""
     entered, release = gated_runner
-    target = _ids(minilm, TARGET)
-    company = [_ids(minilm, t) for t in COMPANY if len(t) < 200]
+    target = _ids(one_lane, TARGET)
+    company = [_ids(one_lane, t) for t in COMPANY if len(t) < 200]
     n_threads = 6
     barrier = threading.Barrier(n_threads)
 
     def request(k: int):
         mine = [company[k % len(company)], target, company[(k + 2) % len(company)]]
         barrier.wait(10)
-        return mine, minilm.embed(mine).vectors
+        return mine, one_lane.embed(mine).vectors
 
     with ThreadPoolExecutor(n_threads + 1) as pool:
-        blocker = pool.submit(minilm.embed, [[101, 102]])
+        blocker = pool.submit(one_lane.embed, [[101, 102]])
         assert entered.wait(30)
-        before = minilm.stats()["n_decode_total"]
+        before = one_lane.stats()["n_decode_total"]
         answers = [pool.submit(request, k) for k in range(n_threads)]
-        _wait_until(lambda: minilm.stats()["requests_deferred"] == 3 * n_threads)
+        _wait_until(lambda: one_lane.stats()["requests_deferred"] == 3 * n_threads)
         release.set()
         blocker.result(30)
         answers = [a.result(60) for a in answers]
-    passes = minilm.stats()["n_decode_total"] - before
+    passes = one_lane.stats()["n_decode_total"] - before
     assert passes < 3 * n_threads  # inputs of different requests really shared forward passes
 
-    lone = {tuple(ids): minilm.embed([ids]).vectors[0] for ids in [target, *company]}
+    lone = {tuple(ids): one_lane.embed([ids]).vectors[0] for ids in [target, *company]}
     for mine, vectors in answers:
         assert len(vectors) == 3
         for ids, vec in zip(mine, vectors, strict=True):
@@ -326,7 +334,7 @@ def test_a_request_larger_than_the_queue_is_refused_whole(minilm_path):
 
 
 def test_queue_full_counts_inputs_already_waiting(minilm_path):
-    eng = start_engine(minilm_path, max_queue_items=2)
+    eng = start_engine(minilm_path, max_queue_items=2, threads=1)  # one lane: the held pass holds the engine
     real = eng._worker._runner
     entered, release = threading.Event(), threading.Event()
 
@@ -353,26 +361,26 @@ def test_queue_full_counts_inputs_already_waiting(minilm_path):
         eng.close()
 
 
-def test_reply_timeout_while_the_engine_is_busy(minilm, gated_runner):
+def test_reply_timeout_while_the_engine_is_busy(one_lane, gated_runner):
     entered, release = gated_runner
-    ids = _ids(minilm, "hello there")
+    ids = _ids(one_lane, "hello there")
     with ThreadPoolExecutor(1) as pool:
-        first = pool.submit(minilm.embed, [ids])
+        first = pool.submit(one_lane.embed, [ids])
         assert entered.wait(30)  # the engine thread is now inside a forward pass
         started = time.monotonic()
         with pytest.raises(ReplyTimeout):
-            minilm.embed([ids], timeout_s=0.05)
+            one_lane.embed([ids], timeout_s=0.05)
         assert time.monotonic() - started < 5
         release.set()
         assert first.result(30).vectors[0].shape == (384,)
     # the abandoned input is dropped, the engine keeps serving
-    _wait_until(lambda: minilm.stats()["requests_deferred"] == 0)
-    assert minilm.embed([ids]).vectors[0].shape == (384,)
-    assert minilm.stats()["requests_processing"] == 0
+    _wait_until(lambda: one_lane.stats()["requests_deferred"] == 0)
+    assert one_lane.embed([ids]).vectors[0].shape == (384,)
+    assert one_lane.stats()["requests_processing"] == 0
 
 
-def test_forward_failure_then_recovery(minilm, monkeypatch):
-    real = minilm._worker._runner
+def test_forward_failure_then_recovery(one_lane, monkeypatch):
+    real = one_lane._worker._runner
     calls = []
 
     def flaky(*args):
@@ -381,18 +389,18 @@ def test_forward_failure_then_recovery(minilm, monkeypatch):
             raise RuntimeError("simulated out-of-memory")
         return real(*args)
 
-    ids = _ids(minilm, "hello")
-    healthy = minilm.embed([ids]).vectors[0]
-    monkeypatch.setattr(minilm._worker, "_runner", flaky)
+    ids = _ids(one_lane, "hello")
+    healthy = one_lane.embed([ids]).vectors[0]
+    monkeypatch.setattr(one_lane._worker, "_runner", flaky)
     with pytest.raises(ForwardFailed, match="simulated out-of-memory"):
-        minilm.embed([ids, ids])
-    again = minilm.embed([ids])
+        one_lane.embed([ids, ids])
+    again = one_lane.embed([ids])
     np.testing.assert_allclose(again.vectors[0], healthy, atol=1e-6)  # the engine serves on, unchanged
     assert len(calls) == 2
 
 
 def test_memory_exhaustion_in_a_pass_fails_that_batch_lowers_the_caps_and_serving_goes_on(minilm_path, monkeypatch):
-    eng = start_engine(minilm_path)
+    eng = start_engine(minilm_path, threads=1)  # one lane: the four inputs go into one pass
     try:
         real = eng._worker._runner
         rows_seen = []
@@ -428,7 +436,7 @@ def test_decode_and_pieces_refuse_unknown_ids(minilm, bad):
 
 
 def test_stats_and_timings(minilm_path):
-    eng = start_engine(minilm_path)
+    eng = start_engine(minilm_path, threads=1)  # one lane: one request, one pass
     try:
         before = eng.stats()
         token_lists = [_long_ids(eng, 10), _long_ids(eng, 20)]

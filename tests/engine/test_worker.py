@@ -357,3 +357,55 @@ def test_submit_after_close_is_refused():
     worker._thread.join(10)
     with pytest.raises(EngineError):
         worker.submit([[1]], FAR)
+
+
+class MeetingRunner(FakeRunner):
+    """Each pass waits until `n` passes are inside the runner at once (or times out): proof of concurrency."""
+
+    def __init__(self, n: int):
+        super().__init__()
+        self.inside = 0
+        self.most_inside = 0
+        self.lock = threading.Condition()
+        self.n = n
+
+    def __call__(self, ids, mask, type_ids, lengths):
+        with self.lock:
+            self.inside += 1
+            self.most_inside = max(self.most_inside, self.inside)
+            self.lock.notify_all()
+            self.lock.wait_for(lambda: self.most_inside >= self.n, timeout=5)  # only until they have met
+        try:
+            return super().__call__(ids, mask, type_ids, lengths)
+        finally:
+            with self.lock:
+                self.inside -= 1
+
+
+def test_two_lanes_compute_two_passes_at_once_and_split_one_request():
+    runner = MeetingRunner(2)
+    worker = Worker(lambda: (runner, PAD, BatchLimits(max_tokens=256, max_rows=64)), 1000, name="test-lanes",
+                    lanes=2)
+    try:
+        assert worker.loaded.wait(10)
+        token_lists = [[k] * (3 + k % 5) for k in range(1, 41)]  # one request: 40 inputs, 200 tokens in all
+        items = worker.submit(token_lists, FAR)
+        for ids, item in zip(token_lists, items, strict=True):
+            np.testing.assert_array_equal(item.future.result(10).value, echo(ids))
+        assert runner.most_inside == 2  # both lanes computed at the same time
+        # the request was shared out between the lanes rather than filling one pass of the 256-token budget
+        assert len(runner.calls) >= 2
+        assert max(sum(lengths) for *_, lengths in runner.calls) <= 100
+        assert worker.stats.n_decode_total == len(runner.calls)
+        assert worker.stats.prompt_tokens_total == sum(map(len, token_lists))
+    finally:
+        worker.close()
+        worker.join(10)
+
+
+@pytest.mark.parametrize("threads, cpus, plan", [(2, 8, (2, 2)), (1, 8, (1, 1)), (-1, 2, (2, 2)), (-1, 16, (2, 16)),
+                                                 (-1, 1, (1, 1)), (6, 2, (2, 6))])
+def test_threads_plan_bounds_lanes_and_blas_threads_by_t(threads, cpus, plan):
+    from engine.threads import plan as threads_plan
+
+    assert threads_plan(threads, cpus) == plan

@@ -4,7 +4,6 @@ and MiniLM matches sentence-transformers (the reference) through the API too."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -115,11 +114,14 @@ def test_encoder_errors_are_the_servers(encoder):
 
 
 def test_prompt_name_and_instruction_as_the_server_applies_them(tmp_path, embed_server, capsys):
-    folder = tmp_path / "minilm"
-    shutil.copytree(minilm_dir(), folder)
-    config = folder / "config_sentence_transformers.json"
-    config.write_text(json.dumps({**json.loads(config.read_text()), "prompts": {"query": "query: ", "doc": "doc: "},
-                                  "default_prompt_name": "doc"}))
+    folder = tmp_path / "minilm"  # the bundled MiniLM's files, with prompts and a default prompt added
+    folder.mkdir()
+    for item in minilm_dir().iterdir():
+        if item.name != "config_sentence_transformers.json":
+            (folder / item.name).symlink_to(item)
+    settings = json.loads((minilm_dir() / "config_sentence_transformers.json").read_text())
+    (folder / "config_sentence_transformers.json").write_text(json.dumps(
+        {**settings, "prompts": {"query": "query: ", "doc": "doc: "}, "default_prompt_name": "doc"}))
     with Encoder(folder) as prompted:
         np.testing.assert_allclose(prompted.encode(TEXTS, prompt_name="query"),
                                    server_vectors(embed_server, ["query: " + t for t in TEXTS]), rtol=0, atol=1e-6)

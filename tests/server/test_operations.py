@@ -79,14 +79,15 @@ def test_sigterm_under_load_answers_every_accepted_request_then_exits_0():
     assert "all answers written; exiting" in srv.output()
 
 
-def test_a_second_sigterm_stops_waiting(tmp_path):
+def test_sigint_drains_too_and_a_second_signal_stops_waiting():
     with ServerProcess("--embedding", "--shutdown-timeout", "600") as srv:
         stalled = socket.create_connection(("127.0.0.1", srv.port))  # a request that never finishes arriving
         stalled.sendall(b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
         time.sleep(0.2)
-        srv.proc.send_signal(signal.SIGTERM)
+        srv.proc.send_signal(signal.SIGINT)  # Ctrl-C drains like SIGTERM
         time.sleep(0.5)
         assert srv.proc.poll() is None  # it owes that request an answer and waits
+        assert requests.get(srv.base + "/health", timeout=10).status_code == 503
         srv.proc.send_signal(signal.SIGTERM)
         assert srv.proc.wait(30) == 0
         stalled.close()

@@ -165,3 +165,34 @@ def test_bad_images_and_images_for_text_only_models_name_the_input(folders):
             text_only.embed([ImageInput(png_images(1)[0])])
     finally:
         text_only.close()
+
+
+SPIECE_TEXTS = ["A photo of a Cat!!", "two  cats, sleeping on a red-sofa.", "  leading and trailing  ", "Hello world",
+                "Caf\u00e9 na\u00efve \u2014 r\u00e9sum\u00e9", "\u6771\u4eac \uff12\uff10\uff12\uff14 \uff01", "a\tb\nc",
+                "!!!", "zzz qqq"]
+
+
+def test_a_spiece_model_tokenizes_as_siglip_tokenizer(tmp_path):
+    """google/siglip-* folders ship spiece.model only: our tokenizer gives SiglipTokenizer's ids and vectors."""
+    from tests.engine.families.siglip_fixture import make_spiece_checkpoint
+
+    folder = make_spiece_checkpoint(tmp_path / "spiece")
+    assert not (folder / "tokenizer.json").exists()
+    rows, expected = reference(folder, SPIECE_TEXTS)
+    eng = start_engine(folder)
+    try:
+        token_lists = [eng.encode_prompt([text]) for text in SPIECE_TEXTS]
+        vectors = eng.embed(token_lists).vectors
+    finally:
+        eng.close()
+    assert [ids + [1] * (TEXT_WIDTH - len(ids)) for ids in token_lists] == rows
+    for ours, theirs in zip(vectors, expected, strict=True):
+        assert cosine(ours, theirs) >= 0.99999
+
+
+def test_an_unreadable_spiece_model_is_a_clear_load_error(tmp_path):
+    from engine.spm import read_model
+
+    (tmp_path / "spiece.model").write_bytes(b"\x0a\xff\xff\xff\xff\x0f")  # a length past the end of the file
+    with pytest.raises(UnsupportedCheckpoint, match="not a SentencePiece model this server can read"):
+        read_model(tmp_path / "spiece.model")
