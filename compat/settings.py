@@ -926,6 +926,9 @@ class EmbedCommand(_ModelOptions):
 
     prompt: list[str] = option([], flags=["-p", "--prompt"], kind="repeated", metavar="TEXT", group="input",
                                help="a text to embed; repeat for several")
+    image: list[str] = option([], flags=["--image"], kind="repeated", metavar="FILE", group="input",
+                              help="an image file to embed (models that take images, e.g. SigLIP); repeat for several; "
+                                   "images follow the texts in the output")
     prompt_name: str | None = option(
         None, flags=["--prompt-name"], metavar="NAME", group="model",
         help="a prompt of the model's config_sentence_transformers.json put before every text")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from pathlib import Path
 from typing import Any, TextIO
 
 import numpy as np
@@ -73,27 +74,44 @@ def cosine_matrix(vectors: np.ndarray) -> np.ndarray:
 def embed_texts(command: EmbedCommand, out: TextIO) -> int:
     if given := command.corpus_flags_given():
         raise SettingsError(f"{', '.join(given)}: corpus mode options; give --input FILE (and --output)")
-    if not command.prompt:
-        raise SettingsError("nothing to embed: give -p TEXT (repeatable), or --input FILE --output OUT.parquet")
+    if not command.prompt and not command.image:
+        raise SettingsError("nothing to embed: give -p TEXT or --image FILE (repeatable), or --input FILE "
+                            "--output OUT.parquet")
+    images = [_read_image(path) for path in command.image]
     ref, name = model_ref(command, bundled_default=True)
     with Encoder(ref, **encoder_options(command)) as encoder:
-        result = encoder.embed(command.prompt, normalize=command.embd_normalize, dimensions=command.dimensions,
-                               prompt_name=command.prompt_name, instruction=command.instruction,
-                               batch_size=command.batch_size or None)
-    similarity = cosine_matrix(result.vectors)
+        parts = []
+        if command.prompt:
+            parts.append(encoder.embed(command.prompt, normalize=command.embd_normalize, dimensions=command.dimensions,
+                                       prompt_name=command.prompt_name, instruction=command.instruction,
+                                       batch_size=command.batch_size or None))
+        if images:
+            parts.append(encoder.embed_images(images, normalize=command.embd_normalize, dimensions=command.dimensions,
+                                              batch_size=command.batch_size or None))
+    vectors = np.concatenate([part.vectors for part in parts])
+    n_tokens = [n for part in parts for n in part.n_tokens]
+    labels = [*command.prompt, *(f"[image] {path}" for path in command.image)]
+    similarity = cosine_matrix(vectors)
     if command.json_output:
-        out.write(_json({"model": name, "embeddings": result.vectors.astype(np.float64),
-                         "prompt_tokens": sum(result.n_tokens), "similarity": similarity}).decode() + "\n")
+        out.write(_json({"model": name, "embeddings": vectors.astype(np.float64),
+                         "prompt_tokens": sum(n_tokens), "similarity": similarity}).decode() + "\n")
         return 0
-    for i, (vector, n_tokens) in enumerate(zip(result.vectors, result.n_tokens)):
-        out.write(f"embedding {i} ({n_tokens} tokens, {len(vector)} values): "
+    for i, (vector, count) in enumerate(zip(vectors, n_tokens)):
+        out.write(f"embedding {i} ({count} tokens, {len(vector)} values): "
                   + " ".join(f"{x:.6f}" for x in vector) + "\n")
-    if len(command.prompt) >= 2:
+    if len(labels) >= 2:
         out.write("\ncosine similarity matrix:\n")
-        out.write(" " * 4 + "".join(f"{j:>9}" for j in range(len(command.prompt))) + "\n")
+        out.write(" " * 4 + "".join(f"{j:>9}" for j in range(len(labels))) + "\n")
         for i, row in enumerate(similarity):
-            out.write(f"{i:>4}" + "".join(f"{x:>9.4f}" for x in row) + f"   {_preview(command.prompt[i])}\n")
+            out.write(f"{i:>4}" + "".join(f"{x:>9.4f}" for x in row) + f"   {_preview(labels[i])}\n")
     return 0
+
+
+def _read_image(path: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise SettingsError(f"--image {path}: {exc.strerror or exc}") from None
 
 
 def rerank_documents(command: RerankCommand, out: TextIO) -> int:

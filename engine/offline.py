@@ -18,7 +18,7 @@ import numpy as np
 from engine.errors import InvalidInput
 from engine.normalize import normalize_embedding
 from engine.service import Engine
-from engine.types import EngineOptions, ModelInfo, Pooling
+from engine.types import EngineOptions, ImageInput, ModelInfo, Pooling
 
 # Inputs handed to the engine at once: under its queue bound, large enough to sort by length and fill batches.
 SUBMIT_CHUNK = 1024
@@ -144,7 +144,18 @@ class Encoder(_Loaded):
         raw, n_tokens = self._embed(token_lists, batch_size)
         return Embedded(self._finish(raw, p, dimensions), n_tokens)
 
-    def _embed(self, token_lists: list[list[int]], batch_size: int | None) -> tuple[list[np.ndarray], list[int]]:
+    def embed_images(self, images: Sequence[bytes | str | Path], *, normalize: bool | int = True,
+                     dimensions: int | None = None, batch_size: int | None = None) -> Embedded:
+        """Vectors for images (encoded bytes, or image file paths) with what each counts as (its patches), for
+        models that take images; a bad one raises InvalidImage naming it, as the server answers 400."""
+        p = normalization(normalize)
+        check_dimensions(dimensions, self.info.n_embd)
+        inputs = [ImageInput(image if isinstance(image, bytes) else Path(image).read_bytes()) for image in images]
+        raw, n_tokens = self._embed(inputs, batch_size)
+        return Embedded(self._finish(raw, p, dimensions), n_tokens)
+
+    def _embed(self, token_lists: list[list[int] | ImageInput],
+               batch_size: int | None) -> tuple[list[np.ndarray], list[int]]:
         """Raw pooled vectors and token counts, in order."""
         if self.info.pooling is Pooling.NONE:
             raise InvalidInput("pooling 'none' gives one vector per token; Encoder returns one vector per text")

@@ -1,6 +1,7 @@
-"""Property-based fuzzing of every route in /openapi.json (schemathesis) against the real server on the bundled
-MiniLM: no answer is a 5xx, every answer (errors included) matches the document, and the server is healthy after.
-Bounded: a few examples per operation, small request limits, no shrinking."""
+"""Property-based fuzzing of every route in /openapi.json (schemathesis) against the real server: one model (the
+bundled MiniLM), and several (MiniLM and the fixture cross-encoder, so the rerank routes and the model management
+routes are reached too). No answer is a 5xx, every answer (errors included) matches the document, and the server
+is healthy after. Bounded: a few examples per operation, small request limits, no shrinking."""
 from __future__ import annotations
 
 import pytest
@@ -15,9 +16,12 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
+from tests.conftest import minilm_dir
 from tests.server.harness import ServerProcess
 
-EXAMPLES_PER_OPERATION = 25
+EXAMPLES_PER_OPERATION = 20
+CE = "/work/shared/fixtures/bert-tiny-ce-distilled"
+LIMITS = ("--max-client-batch-size", "8", "--payload-limit", "20000", "-ub", "128", "-to", "60")
 
 
 def not_a_server_fault(ctx: schemathesis.CheckContext, response: schemathesis.Response,
@@ -32,11 +36,17 @@ def not_a_server_fault(ctx: schemathesis.CheckContext, response: schemathesis.Re
 CHECKS = [not_a_server_fault, status_code_conformance, content_type_conformance, response_schema_conformance]
 
 
-@pytest.fixture(scope="module")
-def fuzzed_server():
+@pytest.fixture(scope="module", params=["one model", "several models"])
+def fuzzed_server(request, tmp_path_factory):
     # small limits keep generated requests cheap: past them the answer is a (documented) 413 or 400
-    with ServerProcess("--embedding", "--metrics", "--props", "--max-client-batch-size", "8", "--payload-limit",
-                       "20000", "-ub", "128", "-to", "60") as srv:
+    if request.param == "one model":
+        argv = ["--embedding", "--metrics", "--props", *LIMITS]
+    else:
+        preset = tmp_path_factory.mktemp("fuzz") / "models.ini"
+        preset.write_text(f"[minilm]\nmodel = {minilm_dir()}\nload-on-startup = true\n"
+                          f"[ce]\nmodel = {CE}\nreranking = true\nload-on-startup = true\n")
+        argv = ["--models-preset", str(preset), "--metrics", *LIMITS]
+    with ServerProcess(*argv) as srv:
         yield srv
 
 
@@ -61,7 +71,7 @@ def test_every_operation_holds_to_the_document(fuzzed_server):
                 assert mode is schemathesis.GenerationMode.NEGATIVE, operation.label
             except (Exception, BaseExceptionGroup) as exc:  # noqa: BLE001 - every operation is fuzzed and reported
                 failures.append(f"{operation.label} ({mode.value}): {exc}")
-    assert len(labels) >= 30 and "POST /v1/embeddings" in labels
+    assert len(labels) >= 30 and {"POST /v1/embeddings", "POST /rerank", "POST /tokenize"} <= set(labels)
     assert not failures, "\n\n".join(failures)
 
 

@@ -133,3 +133,23 @@ def test_several_models_route_images_to_the_one_that_takes_them(folder, media):
         assert listed["minilm"]["meta"]["input_modalities"] == ["text"]
     finally:
         srv.stop()
+
+
+def test_mlx_embed_takes_images_beside_texts(folder, media, capsys):
+    import orjson
+
+    from compat.cli import embed_main
+
+    expected = image_reference(folder, IMAGES[2:])
+    _, expected_text = reference(folder, TEXTS[:1])
+    assert embed_main(["-m", str(folder), "-p", TEXTS[0], "--image", str(media / "pic.png"), "--json"]) == 0
+    body = orjson.loads(capsys.readouterr().out)
+    text_vector, image_vector = body["embeddings"]
+    assert cosine(text_vector, expected_text[0]) >= 0.99999 and cosine(image_vector, expected[0]) >= 0.9999
+    import transformers
+
+    n_text = len(transformers.AutoTokenizer.from_pretrained(folder)(TEXTS[0]).input_ids)
+    assert body["prompt_tokens"] == n_text + 16  # the image counts its patches
+    assert abs(body["similarity"][0][1] - cosine(text_vector, image_vector)) < 1e-6
+    assert embed_main(["-m", str(folder), "--image", str(media / "missing.png")]) == 1
+    assert "--image" in capsys.readouterr().err
