@@ -63,6 +63,42 @@ def finish(writer) -> None:
     writer.close()
 
 
+def add_bpe_vocabulary(writer, tokenizer, pre: str, specials: list[str]) -> dict[str, int]:
+    """A transformers byte-level BPE tokenizer as the converter's gpt2 vocabulary (specials as control tokens);
+    returns its token -> id map."""
+    vocab = tokenizer.get_vocab()
+    tokens = [tok for tok, _ in sorted(vocab.items(), key=lambda item: item[1])]
+    merges = json.loads(tokenizer.backend_tokenizer.to_str())["model"]["merges"]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre(pre)
+    writer.add_token_list(tokens)
+    writer.add_token_types([3 if tok in specials else 1 for tok in tokens])
+    writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in merges])
+    return vocab
+
+
+def add_encoder_specials(writer, first: int, last: int, pad: int, unk: int) -> None:
+    """An encoder's special tokens as its conversion flags them: `first text last` (last also the separator)."""
+    writer.add_bos_token_id(first)
+    writer.add_eos_token_id(last)
+    writer.add_sep_token_id(last)
+    writer.add_pad_token_id(pad)
+    writer.add_unk_token_id(unk)
+    writer.add_add_bos_token(True)
+    writer.add_add_eos_token(True)
+    writer.add_add_sep_token(True)
+
+
+def embed_texts(path: Path, texts: list[str]) -> tuple[list[list[int]], list]:
+    """(token ids, vectors) our engine gives for each text of a GGUF."""
+    eng = start_engine(path)
+    try:
+        ids = [eng.encode_prompt([s]) for s in texts]
+        return ids, eng.embed(ids).vectors
+    finally:
+        eng.close(wait=True)
+
+
 def _random_blocks(qtype, shape: tuple[int, int], rng: np.random.Generator) -> np.ndarray:
     """Random K-quant blocks for a [rows, cols] weight: every quant bit pattern, small finite scales."""
     _, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
@@ -156,10 +192,6 @@ def write_qwen3_reranker_gguf(folder: Path, path: Path) -> None:
     config = AutoConfig.from_pretrained(folder)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     state = {k: v.float().numpy() for k, v in AutoModelForCausalLM.from_pretrained(folder).state_dict().items()}
-    spec = json.loads(tokenizer.backend_tokenizer.to_str())
-    vocab = tokenizer.get_vocab()
-    tokens = [t for t, _ in sorted(vocab.items(), key=lambda item: item[1])]
-    merges = [m if isinstance(m, str) else " ".join(m) for m in spec["model"]["merges"]]
     writer = gguf.GGUFWriter(str(path), "qwen3")
     writer.add_block_count(config.num_hidden_layers)
     writer.add_context_length(config.max_position_embeddings)
@@ -173,11 +205,7 @@ def write_qwen3_reranker_gguf(folder: Path, path: Path) -> None:
                               config.rope_parameters["rope_theta"])
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_pooling_type(gguf.PoolingType.RANK)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("gpt-2")
-    writer.add_token_list(tokens)
-    writer.add_token_types([3 if t in QWEN3_SPECIALS else 1 for t in tokens])
-    writer.add_token_merges(merges)
+    vocab = add_bpe_vocabulary(writer, tokenizer, "gpt-2", QWEN3_SPECIALS)
     writer.add_eos_token_id(vocab["<|im_end|>"])
     writer.add_pad_token_id(vocab["<|endoftext|>"])
     writer.add_bos_token_id(vocab["<|endoftext|>"])
@@ -263,12 +291,7 @@ def test_nomic_bert_gguf_equals_transformers(tmp_path):
         writer.add_tensor(name, value.astype(np.float16 if value.ndim == 2 else np.float32))
     finish(writer)
     reference = load_hf_model(folder, "NomicBertModel")
-    eng = start_engine(path)
-    try:
-        ids = [eng.encode_prompt([s]) for s in TEXTS]
-        ours = eng.embed(ids).vectors
-    finally:
-        eng.close(wait=True)
+    ids, ours = embed_texts(path, TEXTS)
     for row, token_ids in zip(ours, ids, strict=True):
         assert cosine(row, hf_hidden(reference, token_ids).mean(axis=0)) >= 0.9999  # F16 weights
 
@@ -321,14 +344,7 @@ def write_xlmr_gguf(path: Path, seed: int = 0, head: dict[str, np.ndarray] | Non
     writer.add_token_types([specials.get(piece, 1) for piece, _ in vocab])
     writer.add_precompiled_charsmap(charsmap)
     ids = {piece: i for i, (piece, _) in enumerate(vocab)}
-    writer.add_bos_token_id(ids["<s>"])
-    writer.add_eos_token_id(ids["</s>"])
-    writer.add_sep_token_id(ids["</s>"])
-    writer.add_pad_token_id(ids["<pad>"])
-    writer.add_unk_token_id(ids["<unk>"])
-    writer.add_add_bos_token(True)
-    writer.add_add_eos_token(True)
-    writer.add_add_sep_token(True)
+    add_encoder_specials(writer, ids["<s>"], ids["</s>"], ids["<pad>"], ids["<unk>"])
     writer.add_add_space_prefix(True)
     writer.add_remove_extra_whitespaces(True)
     for key, value in state.items():
@@ -353,12 +369,7 @@ def test_xlmr_gguf_ids_equal_llama_server_and_vectors_equal_transformers(xlmr):
 
     path, reference = xlmr
     texts = json.loads(gguf_fixture("minilm-f16.llama-server.json").read_text(encoding="utf-8"))["sentences"]
-    eng = start_engine(path)
-    try:
-        ids = [eng.encode_prompt([s]) for s in texts]
-        ours = eng.embed(ids).vectors
-    finally:
-        eng.close(wait=True)
+    ids, ours = embed_texts(path, texts)
     for row, token_ids in zip(ours, ids, strict=True):
         assert cosine(row, hf_hidden(reference, token_ids, token_types=False).mean(axis=0)) >= 0.9999
     with LlamaServer(path, "--embedding") as llama:
@@ -469,3 +480,115 @@ def test_xlmr_reranker_gguf_equals_its_classifier_head(tmp_path):
         first = hf_hidden(reference, ids, token_types=False)[0]
         want = head["cls.output.weight"] @ np.tanh(head["cls.weight"] @ first + head["cls.bias"]) + head["cls.output.bias"]
         assert abs(score - float(want[0])) < 1e-4
+
+
+MODERNBERT_SPECIALS = ["[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]"]
+# ModernBertModel key -> llama.cpp's GGUF name; per layer (`layers.{i}.`) the module names
+MODERNBERT_NAMES = {"embeddings.tok_embeddings.weight": "token_embd.weight",
+                    "embeddings.norm.weight": "token_embd_norm.weight", "final_norm.weight": "output_norm.weight"}
+MODERNBERT_LAYER_NAMES = {"attn_norm": "attn_norm", "attn.Wqkv": "attn_qkv", "attn.Wo": "attn_output",
+                          "mlp_norm": "ffn_norm", "mlp.Wi": "ffn_up", "mlp.Wo": "ffn_down"}
+
+
+def write_modernbert_gguf(path: Path):
+    """A tiny random ModernBertModel as llama.cpp's converter writes one: arch `modern-bert`, a byte-level BPE
+    vocabulary (pre `modern-bert`, [CLS] text [SEP] via add_bos/add_eos), the local window and global-layer period,
+    both rope bases, mean pooling. 4 layers (global, local, local, global), window 16 on inputs far longer.
+    Returns (transformers model, HF tokenizer)."""
+    t = torch()
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import ModernBertConfig, ModernBertModel, PreTrainedTokenizerFast
+
+    from tests.engine.families.qwen3_fixture import CORPUS
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=600, special_tokens=MODERNBERT_SPECIALS,
+                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe)
+    vocab = tokenizer.get_vocab()
+    t.manual_seed(0)
+    config = ModernBertConfig(vocab_size=len(vocab), hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
+                              intermediate_size=96, max_position_embeddings=512, local_attention=16,
+                              initializer_range=0.2,
+                              layer_types=["full_attention", "sliding_attention", "sliding_attention", "full_attention"],
+                              rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 160000.0},
+                                               "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
+                              pad_token_id=vocab["[PAD]"], bos_token_id=vocab["[CLS]"], eos_token_id=vocab["[SEP]"],
+                              cls_token_id=vocab["[CLS]"], sep_token_id=vocab["[SEP]"])
+    model = ModernBertModel(config).eval()
+    perturb_vectors(model, seed=1)
+    writer = gguf.GGUFWriter(str(path), "modern-bert")
+    writer.add_block_count(4)
+    writer.add_context_length(512)
+    writer.add_embedding_length(64)
+    writer.add_feed_forward_length(96)
+    writer.add_head_count(4)
+    writer.add_causal_attention(False)
+    writer.add_rope_freq_base(160000.0)
+    writer.add_rope_freq_base_swa(10000.0)
+    writer.add_layer_norm_eps(config.norm_eps)
+    writer.add_sliding_window(16)
+    writer.add_sliding_window_pattern(3)  # the hub config's global_attn_every_n_layers
+    writer.add_rope_scaling_type(gguf.RopeScalingType.NONE)
+    writer.add_vocab_size(len(vocab))
+    writer.add_pooling_type(gguf.PoolingType.MEAN)
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    add_bpe_vocabulary(writer, tokenizer, "modern-bert", MODERNBERT_SPECIALS)
+    add_encoder_specials(writer, vocab["[CLS]"], vocab["[SEP]"], vocab["[PAD]"], vocab["[UNK]"])
+    for key, value in model.state_dict().items():
+        if key in MODERNBERT_NAMES:
+            name = MODERNBERT_NAMES[key]
+        else:  # layers.{i}.<module>.weight
+            _, index, rest = key.split(".", 2)
+            module, kind = rest.rsplit(".", 1)
+            name = f"blk.{index}.{MODERNBERT_LAYER_NAMES[module]}.{kind}"
+        writer.add_tensor(name, value.numpy().astype(np.float32))
+    finish(writer)
+    return model, tokenizer
+
+
+def test_modern_bert_gguf_ids_and_vectors_equal_transformers_and_llama_server(tmp_path):
+    from tests.peer_llama import LlamaServer
+
+    path = tmp_path / "tiny-modernbert-f32.gguf"
+    reference, tokenizer = write_modernbert_gguf(path)
+    texts = ["hello", "What is the capital of China? The capital of China is Beijing. Gravity is a force. " * 3,
+             "Machine learning is a field of study;  yes  no\tmaybe 123 4567!"]
+    ids, ours = embed_texts(path, texts)
+    cls, sep = tokenizer.convert_tokens_to_ids(["[CLS]", "[SEP]"])
+    assert ids == [[cls, *tokenizer.encode(s, add_special_tokens=False), sep] for s in texts]
+    assert len(ids[1]) > 3 * 16  # the window matters
+    for row, token_ids in zip(ours, ids, strict=True):
+        assert cosine(row, hf_hidden(reference, token_ids, token_types=False).mean(axis=0)) >= 0.99999
+    with LlamaServer(path, "--embedding") as llama:
+        assert ids == [llama.tokenize(s) for s in texts]
+        theirs = llama.embeddings(texts)
+    assert min(cosine(a, b) for a, b in zip(ours, theirs)) >= 0.9999  # its GeGLU has tanh-approximated GELU
+
+
+def test_modern_bert_gguf_layer_rules_and_refusals():
+    """llama.cpp's reading of the window keys; what it would compute differently from us is refused by name."""
+    from engine.errors import UnsupportedCheckpoint
+    from engine.gguf.arch import modern_bert
+
+    arch = "modern-bert"
+    meta = {f"{arch}.block_count": 4, f"{arch}.embedding_length": 64, f"{arch}.attention.head_count": 4,
+            f"{arch}.feed_forward_length": 96, f"{arch}.attention.layer_norm_epsilon": 1e-5,
+            f"{arch}.rope.freq_base": 160000.0}
+    shapes = {"token_embd.weight": (600, 64)}
+    G, L = "full_attention", "sliding_attention"
+    assert modern_bert.config(meta, arch, shapes)["layer_types"] == [G] * 4  # no window: every layer global
+    windowed = {**meta, f"{arch}.attention.sliding_window": 128}
+    out = modern_bert.config(windowed, arch, shapes)
+    assert out["layer_types"] == [G, L, L, G] and out["local_rope_theta"] == 160000.0  # period 3, one base
+    every_layer = {**windowed, f"{arch}.attention.sliding_window_pattern": 0}
+    assert modern_bert.config(every_layer, arch, shapes)["layer_types"] == [L] * 4
+    for bad, match in (({f"{arch}.attention.sliding_window_pattern": np.array([True, False, False, True])},
+                        "not a layer period"),
+                       ({f"{arch}.hidden_activation": "silu"}, "hidden_activation 'silu'")):
+        with pytest.raises(UnsupportedCheckpoint, match=match):
+            modern_bert.config({**windowed, **bad}, arch, shapes)
+    with pytest.raises(UnsupportedCheckpoint, match="classifier GGUF"):
+        modern_bert.config(windowed, arch, {**shapes, "cls.output.weight": (64,)})

@@ -71,3 +71,34 @@ def test_hf_repo_with_a_quant_tag_resolves_a_gguf_offline(tmp_path):
         assert srv.get("/props").json()["model_ftype"] == "F16"
     missing = run_cli("--embedding", "-hf", "example-org/minilm-GGUF:Q5_K_M", "--offline", "--port", "0", env=env)
     assert missing.returncode != 0 and "Q5_K_M" in missing.stderr
+
+
+def test_modern_bert_gguf_identity_and_vectors_equal_llama_servers(tmp_path):
+    """Our server and the real llama-server on the same written `modern-bert` GGUF: /v1/models meta, /props
+    special tokens, /tokenize and /v1/embeddings."""
+    import requests
+
+    from tests.engine.test_gguf_written import write_modernbert_gguf
+    from tests.peer_llama import LlamaServer
+
+    path = tmp_path / "tiny-modernbert-f32.gguf"
+    write_modernbert_gguf(path)
+    texts = ["hello", "Gravity is a force. " * 12]
+    # (this llama-server build reports vocab_type as `true` for every file; ours is llama.h's enum, BPE = 2)
+    fields = ("n_vocab", "n_embd", "n_ctx_train", "n_params", "size", "ftype")
+    with LlamaServer(path, "--embedding") as llama:
+        theirs_meta = requests.get(llama.base + "/v1/models", timeout=30).json()["data"][0]["meta"]
+        theirs_props = requests.get(llama.base + "/props", timeout=30).json()
+        theirs_ids = [llama.tokenize(s) for s in texts]
+        theirs = llama.embeddings(texts)
+    with ServerProcess("-m", str(path), "--embedding") as srv:
+        meta = srv.get("/v1/models").json()["data"][0]["meta"]
+        props = srv.get("/props").json()
+        ids = [srv.post("/tokenize", {"content": s, "add_special": True}).json()["tokens"] for s in texts]
+        ours = [item["embedding"] for item in srv.post("/v1/embeddings", {"input": texts}).json()["data"]]
+    assert {k: meta[k] for k in fields} == {k: theirs_meta[k] for k in fields}
+    assert (meta["vocab_type"], meta["ftype"]) == (2, "all F32")
+    assert (props["bos_token"], props["eos_token"]) == (theirs_props["bos_token"], theirs_props["eos_token"])
+    assert ids == theirs_ids
+    for a, b in zip(ours, theirs, strict=True):
+        assert np.dot(a, b) / np.linalg.norm(a) / np.linalg.norm(b) >= 0.9999

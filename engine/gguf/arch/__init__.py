@@ -8,7 +8,7 @@ from engine.errors import UnsupportedCheckpoint
 
 # general.architecture -> module under engine/gguf/arch/
 ARCHITECTURES = {"bert": "bert", "nomic-bert": "nomic_bert", "qwen3": "qwen3", "llama": "llama", "gemma3": "gemma3",
-                 "gemma-embedding": "gemma_embedding"}
+                 "gemma-embedding": "gemma_embedding", "modern-bert": "modern_bert"}
 
 
 def for_architecture(architecture: str, source: str) -> ModuleType:
