@@ -6,7 +6,7 @@
 Each configuration runs the real command in a fresh process on the same generated JSON lines corpus, so the
 wall time includes starting Python, loading the model (and starting Ray and its actors). Results are printed as
 texts per second and as a ratio against the single-process run of the same invocation; the Ray runs' Parquet
-files are checked to hold the single-process vectors.
+files are checked to hold the single-process vectors (within 1e-6: the runs' BLAS thread counts differ).
 """
 from __future__ import annotations
 
@@ -52,6 +52,7 @@ def main() -> None:
     folder = Path(tempfile.mkdtemp(prefix="corpus-bench-"))
     corpus = folder / "corpus.jsonl"
     write_corpus(corpus, args.texts, args.seed)
+    import numpy as np
     import pyarrow.parquet as pq
 
     single = folder / "single.parquet"
@@ -60,7 +61,8 @@ def main() -> None:
     for actors in args.actors:
         out = folder / f"ray{actors}.parquet"
         seconds = run(corpus, out, [*model, "--ray", "--ray-actors", str(actors), "-t", str(args.threads)])
-        assert pq.read_table(out).equals(pq.read_table(single)), "Ray wrote other vectors"
+        got, want = (np.array(pq.read_table(p).column("embedding").to_pylist()) for p in (out, single))
+        assert np.abs(got - want).max() <= 1e-6, "Ray wrote other vectors"
         rows.append((f"Ray Data, {actors} actor{'s' if actors > 1 else ''} x {args.threads} thread", seconds))
     print(f"{args.texts} texts (6-24 words), wall time of the whole command (start, load, embed, write)")
     print(f"{'run':<34} {'seconds':>8} {'texts/s':>8} {'vs single':>9}")

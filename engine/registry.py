@@ -32,6 +32,7 @@ EMBEDDERS = {
     "qwen2": {"", "Qwen2Model", "Qwen2ForCausalLM"},
     "qwen3": {"", "Qwen3Model", "Qwen3ForCausalLM"},
     "gemma3_text": {"", "Gemma3TextModel", "Gemma3ForCausalLM"},
+    "lfm2": {"", "Lfm2Model", "Lfm2ForCausalLM"},
     "nomic_bert": {"", "NomicBertModel", "NomicBertForPreTraining"},
     # gte-multilingual-base ships as NewForTokenClassification (its sparse-weight head); the trunk embeds
     "gte": {"", "NewModel", "NewForMaskedLM", "NewForTokenClassification"},
@@ -56,7 +57,7 @@ FAMILY_DEFAULT_POOLING["siglip"] = Pooling.LAST  # reported only: the towers poo
 # Decoder backbones without 1_Pooling: a bidirectional embedding export (LLM2Vec, EmbeddingGemma) mean-pools,
 # a bare Qwen3Model export is Qwen3-Embedding (last token); any other decoder gets what llama-server gives a
 # decoder GGUF without a pooling type: none (one vector per token; --pooling picks another).
-DECODER_FAMILIES = {"llama", "qwen2", "qwen3", "gemma3_text"}
+DECODER_FAMILIES = {"llama", "qwen2", "qwen3", "gemma3_text", "lfm2"}
 ARCHITECTURE_DEFAULT_POOLING = {"Qwen3Model": Pooling.LAST}
 
 EMBEDDER, CROSS_ENCODER, GENERATIVE_RERANKER = "embedder", "cross-encoder", "generative-reranker"

@@ -138,12 +138,10 @@ class TransformerBlock(nn.Module):
 
 
 class Gemma3TextModel(llama.DecoderModel):
-    def __init__(self, args: ModelArgs):
-        nn.Module.__init__(self)
-        self.args = args
-        self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
-        self.layers = [TransformerBlock(args, kind) for kind in args.layer_types]
-        self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+    block = TransformerBlock
+
+    def final_norm(self, args: ModelArgs) -> nn.Module:
+        return RMSNorm(args.hidden_size, args.rms_norm_eps)
 
     def embed(self, input_ids: mx.array) -> mx.array:
         x = self.embed_tokens(input_ids)

@@ -153,15 +153,24 @@ class TransformerBlock(nn.Module):
 class DecoderModel(nn.Module):
     """embed_tokens -> layers -> norm, as the checkpoint's `model.` keys name them."""
 
+    block = TransformerBlock
+
     def __init__(self, args: ModelArgs):
         super().__init__()
         self.args = args
         self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
-        self.layers = [TransformerBlock(args, kind) for kind in args.layer_types]
-        self.norm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
+        self.layers = [self.block(args, kind) for kind in args.layer_types]
+        self.norm = self.final_norm(args)
+
+    def final_norm(self, args: ModelArgs) -> nn.Module:
+        return nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
 
     def embed(self, input_ids: mx.array) -> mx.array:
         return self.embed_tokens(input_ids)
+
+    def layer_masks(self, attention_mask: mx.array, kinds: set[str]) -> dict[str, mx.array]:
+        args = self.args
+        return {kind: sequence_mask(attention_mask, args.causal, args.window(kind)) for kind in kinds}
 
     def __call__(self, input_ids: mx.array, attention_mask: mx.array) -> mx.array:
         """Padded ids and mask [B, L] (left or right padding) -> final normed hidden states [B, L, D].
@@ -172,7 +181,7 @@ class DecoderModel(nn.Module):
         kinds = set(args.layer_types)
         tables = {kind: rotary_tables(positions, rope_inverse_frequencies(args.head_dim, args.rope_of(kind)))
                   for kind in kinds}
-        masks = {kind: sequence_mask(attention_mask, args.causal, args.window(kind)) for kind in kinds}
+        masks = self.layer_masks(attention_mask, kinds)
         x = self.embed(input_ids)
         for layer in self.layers:
             x = layer(x, masks[layer.layer_type], *tables[layer.layer_type])

@@ -283,10 +283,11 @@ def _xlmr_tokenizer_json() -> dict:
     return json.loads((root / "assets" / "multilingual-e5-small" / "tokenizer.json").read_text(encoding="utf-8"))
 
 
-def write_xlmr_gguf(path: Path, seed: int = 0):
+def write_xlmr_gguf(path: Path, seed: int = 0, head: dict[str, np.ndarray] | None = None):
     """A tiny random XLMRobertaModel as llama.cpp converts XLM-R: architecture `bert`, unigram (`t5`) vocabulary
     with the precompiled charsmap, the position table without its first pad+1 rows, one token-type row.
-    Returns the transformers model (word embeddings rounded to float16, as written)."""
+    head: XLM-R's classifier as llama.cpp names it (cls.weight/bias = classifier.dense, cls.output.* =
+    classifier.out_proj). Returns the transformers model (word embeddings rounded to float16, as written)."""
     import base64
 
     t = torch()
@@ -311,7 +312,7 @@ def write_xlmr_gguf(path: Path, seed: int = 0):
     writer.add_feed_forward_length(128)
     writer.add_head_count(4)
     writer.add_layer_norm_eps(config.layer_norm_eps)
-    writer.add_pooling_type(gguf.PoolingType.MEAN)
+    writer.add_pooling_type(gguf.PoolingType.RANK if head else gguf.PoolingType.MEAN)
     writer.add_tokenizer_model("t5")
     writer.add_token_type_count(1)
     writer.add_token_list([piece for piece, _ in vocab])
@@ -327,6 +328,7 @@ def write_xlmr_gguf(path: Path, seed: int = 0):
     writer.add_unk_token_id(ids["<unk>"])
     writer.add_add_bos_token(True)
     writer.add_add_eos_token(True)
+    writer.add_add_sep_token(True)
     writer.add_add_space_prefix(True)
     writer.add_remove_extra_whitespaces(True)
     for key, value in state.items():
@@ -334,6 +336,8 @@ def write_xlmr_gguf(path: Path, seed: int = 0):
         if name == "position_embd.weight":
             value = value[config.pad_token_id + 1:]  # llama.cpp counts positions from 0
         writer.add_tensor(name, value.astype(np.float16) if name == "token_embd.weight" else value)
+    for name, value in (head or {}).items():
+        writer.add_tensor(name, value)
     finish(writer)
     return model
 
@@ -438,3 +442,30 @@ def test_unsupported_tensor_types_and_architectures_are_named(tmp_path):
         GGUFFile(path).array("blk.0.ffn_up.weight")
     with pytest.raises(UnsupportedCheckpoint, match="GGUF architecture 'jina-bert-v2' is not supported"):
         start_engine(path)
+
+
+def test_xlmr_reranker_gguf_equals_its_classifier_head(tmp_path):
+    """XLM-R cross-encoders keep their whole head through the conversion: score = out_proj(tanh(dense(h_<s>)))
+    on `<s> q </s> </s> d </s>`, which is transformers' XLMRobertaForSequenceClassification on that pair."""
+    from engine import Pooling
+
+    rng = np.random.default_rng(7)
+    head = {"cls.weight": rng.normal(0, 0.2, (64, 64)).astype(np.float32),
+            "cls.bias": rng.normal(0, 0.2, 64).astype(np.float32),
+            "cls.output.weight": rng.normal(0, 0.2, (1, 64)).astype(np.float32),
+            "cls.output.bias": np.array([0.1], np.float32)}
+    path = tmp_path / "tiny-xlmr-reranker.gguf"
+    reference = write_xlmr_gguf(path, seed=1, head=head)
+    query, docs = "what is the capital of France?", ["Paris est la capitale de la France.", "Bananas are yellow."]
+    eng = start_engine(path, pooling=Pooling.RANK)
+    try:
+        tok = eng.tokenizer
+        pairs = tok.encode_pairs([(query, doc) for doc in docs])
+        assert pairs[0][0] == [0, *tok.encode(query, False, False), 2, 2, *tok.encode(docs[0], False, False), 2]
+        got = eng.rerank(query, docs).scores
+    finally:
+        eng.close(wait=True)
+    for score, (ids, _) in zip(got, pairs, strict=True):
+        first = hf_hidden(reference, ids, token_types=False)[0]
+        want = head["cls.output.weight"] @ np.tanh(head["cls.weight"] @ first + head["cls.bias"]) + head["cls.output.bias"]
+        assert abs(score - float(want[0])) < 1e-4

@@ -1,6 +1,7 @@
 """mlx-embed's corpus mode on MiniLM: the Parquet vectors equal the server's for the same texts, in every input
 format; bad rows are reported and counted; a run killed with SIGKILL resumes to the very file an uninterrupted run
-writes, without embedding its finished row groups again; --ray on a local Ray instance writes that file too."""
+writes, without embedding its finished row groups again; --ray on a local Ray instance writes the same layout with
+the same vectors (within 1e-6)."""
 from __future__ import annotations
 
 import csv
@@ -173,4 +174,9 @@ def test_ray_writes_the_single_process_file(tmp_path, expected, capsys):
     assert ids == [f"d{i}" for i in range(len(TEXTS))]
     np.testing.assert_allclose(vectors, [expected[t] for t in TEXTS], rtol=0, atol=1e-6)
     np.testing.assert_allclose(vectors, read(single)[1], rtol=0, atol=1e-6)
-    assert spread.read_bytes() == single.read_bytes()  # the same layout, row groups and metadata
+    # the same layout: schema, metadata, row groups (the vectors may differ in the last bits: actors run their own
+    # BLAS thread count)
+    one, other = pq.ParquetFile(single), pq.ParquetFile(spread)
+    assert other.schema_arrow.equals(one.schema_arrow, check_metadata=True)
+    assert [other.metadata.row_group(i).num_rows for i in range(other.metadata.num_row_groups)] == \
+        [one.metadata.row_group(i).num_rows for i in range(one.metadata.num_row_groups)]

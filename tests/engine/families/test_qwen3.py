@@ -148,3 +148,25 @@ def test_untied_reranker_head_rows_are_the_lm_head_rows(tmp_path):
     model = registry.load(checkpoint.read(folder), registry.GENERATIVE_RERANKER).model
     head = load_file(str(folder / "model.safetensors"))["lm_head.weight"]
     np.testing.assert_array_equal(np.array(model.head_rows([7, 3])), head[[7, 3]])
+
+
+def test_qwen3_embedding_truncation_keeps_the_endoftext_it_pools(qwen3_embedding):
+    """Cut to 16 tokens, the input still ends with <|endoftext|>: the vector is sentence-transformers' at
+    max_seq_length 16 (the tokenizer's own truncation keeps the appended token too)."""
+    from sentence_transformers import SentenceTransformer
+
+    folder = qwen3_embedding[0]
+    st = SentenceTransformer(str(folder), device="cpu")
+    st.max_seq_length = 16
+    long_text = TEXTS[2]
+    expected = st.encode([long_text], convert_to_numpy=True)[0]
+    eng = start_engine(folder, ubatch_tokens=16, truncate=True)
+    try:
+        ids = token_lists(folder, [long_text])[0]
+        assert len(ids) > 16
+        result = eng.embed([ids])
+        cut = eng.tokenizer.truncate(ids, 16)
+    finally:
+        eng.close()
+    assert result.n_tokens == [16] and cut[-1] == ids[-1]
+    assert cosine(result.vectors[0], expected) >= MIN_COSINE

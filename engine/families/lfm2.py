@@ -1,0 +1,185 @@
+"""LFM2 decoder (Lfm2ForCausalLM / Lfm2Model) with --embedding: causal short-convolution and attention layers.
+
+A conv layer gates a depthwise causal convolution (kernel conv_L_cache over the past tokens): in_proj makes
+B, C and x; C * conv(B * x) goes through out_proj; padding positions are zeroed before it, as transformers
+does. Attention layers are Llama's with RMSNorm on each head's query and key (q_layernorm / k_layernorm) and
+an `out_proj` (llama's attention, keys renamed by sanitize). Every layer is pre-norm (operator_norm, ffn_norm) with a SwiGLU feed_forward (w1, w3, w2);
+`embedding_norm` is the final norm. Rows arrive right-padded, so a real token never sees padding through
+either the mask or the causal convolution. The bidirectional LFM2.5-Embedding variant (a non-causal
+convolution) has no transformers reference here and is refused.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from engine.errors import UnsupportedCheckpoint
+from engine.families import llama
+from engine.families.base import BaseModelArgs, rope_settings
+
+CONV, FULL = "conv", "full_attention"
+
+
+@dataclass
+class ModelArgs(BaseModelArgs):
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    intermediate_size: int = 12288
+    num_key_value_heads: int | None = None
+    max_position_embeddings: int = 128_000
+    norm_eps: float = 1e-5
+    conv_bias: bool = False
+    conv_L_cache: int = 3
+    block_multiple_of: int = 256
+    block_ffn_dim_multiplier: float | None = 1.0
+    block_auto_adjust_ff_dim: bool = True
+    full_attn_idxs: list[int] | None = None
+    block_ff_dim: int | None = None  # the hub's older name of intermediate_size
+    layer_types: list[str] | None = None
+    rope_theta: float | None = None
+    rope_parameters: dict[str, Any] | None = None
+    rope_scaling: dict[str, Any] | None = None
+    is_causal: bool | None = None
+    use_bidirectional_attention: bool | None = None
+    head_dim: int = field(init=False)
+    ff_dim: int = field(init=False)
+    rope: dict[str, Any] = field(init=False)
+
+    causal = True
+
+    def __post_init__(self):
+        if self.is_causal is False or self.use_bidirectional_attention:
+            raise UnsupportedCheckpoint("bidirectional LFM2 (a non-causal convolution) is not supported; "
+                                        "causal LFM2 checkpoints are")
+        self.num_key_value_heads = self.num_key_value_heads or self.num_attention_heads
+        self.head_dim = self.hidden_size // self.num_attention_heads
+        if self.layer_types is None:
+            full = set(self.full_attn_idxs if self.full_attn_idxs is not None else range(self.num_hidden_layers))
+            self.layer_types = [FULL if i in full else CONV for i in range(self.num_hidden_layers)]
+        if set(self.layer_types) - {FULL, CONV} or len(self.layer_types) != self.num_hidden_layers:
+            raise UnsupportedCheckpoint(f"LFM2 layer_types {self.layer_types!r} do not describe "
+                                        f"{self.num_hidden_layers} conv/full_attention layers")
+        self.ff_dim = self.block_ff_dim or self.intermediate_size
+        if self.block_auto_adjust_ff_dim:  # transformers' Lfm2MLP sizing rule
+            self.ff_dim = int(2 * self.ff_dim / 3)
+            if self.block_ffn_dim_multiplier is not None:
+                self.ff_dim = int(self.block_ffn_dim_multiplier * self.ff_dim)
+                self.ff_dim = self.block_multiple_of * ((self.ff_dim + self.block_multiple_of - 1)
+                                                       // self.block_multiple_of)
+        self.rope = rope_settings("LFM2", self.rope_parameters, self.rope_scaling, self.rope_theta, 1_000_000.0)
+
+    # llama's attention serves the full_attention layers (sanitize renames out_proj / q_layernorm / k_layernorm)
+    qkv_bias = o_bias = False
+    qk_norm = True
+
+    @property
+    def rms_norm_eps(self) -> float:
+        return self.norm_eps
+
+    def window(self, layer_type: str) -> int | None:
+        return None
+
+    def rope_of(self, layer_type: str) -> dict[str, Any]:
+        return self.rope
+
+
+class DepthwiseConv(nn.Module):
+    """The checkpoint's conv.weight [H, 1, L] (+ bias [H]): y[t] = sum_k w[k] * x[t - L + 1 + k]."""
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.weight = mx.zeros((args.hidden_size, 1, args.conv_L_cache))
+        if args.conv_bias:
+            self.bias = mx.zeros((args.hidden_size,))
+
+    def __call__(self, x: mx.array) -> mx.array:
+        """x [B, L, H] -> [B, L, H], causal."""
+        kernel = self.weight.shape[-1]
+        length = x.shape[1]
+        padded = mx.pad(x, [(0, 0), (kernel - 1, 0), (0, 0)])
+        out = sum(padded[:, k:k + length] * self.weight[:, 0, k] for k in range(kernel))
+        return out + self.bias if "bias" in self else out
+
+
+class ShortConv(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.in_proj = nn.Linear(args.hidden_size, 3 * args.hidden_size, bias=args.conv_bias)
+        self.conv = DepthwiseConv(args)
+        self.out_proj = nn.Linear(args.hidden_size, args.hidden_size, bias=args.conv_bias)
+
+    def __call__(self, x: mx.array, keep: mx.array) -> mx.array:
+        b, c, h = mx.split(self.in_proj(x * keep.astype(x.dtype)), 3, axis=-1)
+        return self.out_proj(c * self.conv(b * h))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.w1 = nn.Linear(args.hidden_size, args.ff_dim, bias=False)
+        self.w3 = nn.Linear(args.hidden_size, args.ff_dim, bias=False)
+        self.w2 = nn.Linear(args.ff_dim, args.hidden_size, bias=False)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self.w2(nn.silu(self.w1(x)) * self.w3(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, args: ModelArgs, layer_type: str):
+        super().__init__()
+        self.layer_type = layer_type
+        if layer_type == FULL:
+            self.self_attn = llama.Attention(args)
+        else:
+            self.conv = ShortConv(args)
+        self.feed_forward = FeedForward(args)
+        self.operator_norm = nn.RMSNorm(args.hidden_size, eps=args.norm_eps)
+        self.ffn_norm = nn.RMSNorm(args.hidden_size, eps=args.norm_eps)
+
+    def __call__(self, x: mx.array, mask: mx.array, cos: mx.array, sin: mx.array) -> mx.array:
+        normed = self.operator_norm(x)
+        if self.layer_type == FULL:
+            h = x + self.self_attn(normed, mask, cos, sin)
+        else:  # a conv layer's "mask" is the padding multiplier [B, L, 1] (see Lfm2Model.layer_masks)
+            h = x + self.conv(normed, mask)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class Lfm2Model(llama.DecoderModel):
+    """The final norm is the checkpoint's `embedding_norm` (renamed to `norm` by sanitize)."""
+
+    block = DecoderLayer
+
+    def final_norm(self, args: ModelArgs) -> nn.Module:
+        return nn.RMSNorm(args.hidden_size, eps=args.norm_eps)
+
+    def layer_masks(self, attention_mask: mx.array, kinds: set[str]) -> dict[str, mx.array]:
+        masks = super().layer_masks(attention_mask, kinds - {CONV})
+        if CONV in kinds:  # padding zeroed before the convolution, as transformers does
+            masks[CONV] = (attention_mask != 0)[..., None]
+        return masks
+
+
+class Model(llama.Model):
+    """The backbone under `model.`; the tied head is never applied."""
+
+    backbone = Lfm2Model
+
+    def sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
+        renames = {"model.embedding_norm.": "model.norm.", ".self_attn.out_proj.": ".self_attn.o_proj.",
+                   ".self_attn.q_layernorm.": ".self_attn.q_norm.", ".self_attn.k_layernorm.": ".self_attn.k_norm."}
+        out = {}
+        for key, value in llama.backbone_weights(weights, keep_head=False).items():
+            for old, new in renames.items():
+                key = key.replace(old, new)
+            out[key] = value
+        kernel = self.args.conv_L_cache
+        for key, value in out.items():
+            if key.endswith("conv.conv.weight") and value.ndim == 3 and value.shape[1] == kernel:
+                out[key] = value.swapaxes(1, 2)  # MLX conversions store [H, L, 1]
+        return out
