@@ -235,8 +235,14 @@ class Worker:
         if not batch:
             return None
         self._started_computing()  # every launched pass is finished (and counted down) by _finish
-        if batch[0].pixels is not None:  # the scheduler never mixes images and texts
-            return self._launch_images(batch)
+        try:
+            if batch[0].pixels is not None:  # the scheduler never mixes images and texts
+                return self._launch_images(batch)
+            return self._launch_texts(batch)
+        except Exception as exc:  # assembling the batch failed: that batch fails, the lane keeps serving
+            return _Launched(batch, None, time.monotonic(), max(item.n_tokens for item in batch), exc)
+
+    def _launch_texts(self, batch: list[WorkItem]) -> _Launched:
         width = self._limits.width(max(item.n_tokens for item in batch))
         ids = np.full((len(batch), width), self._pad_id, dtype=np.int32)
         mask = np.zeros((len(batch), width), dtype=np.int32)

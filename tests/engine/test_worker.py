@@ -160,6 +160,18 @@ def test_forward_failure_fails_only_that_batch():
         worker.close()
 
 
+def test_a_batch_that_cannot_be_assembled_fails_alone_and_the_engine_keeps_serving():
+    worker = start(FakeRunner())
+    try:
+        broken = worker.submit([[4, [5, 6]]], FAR)  # no int32 row can hold this input
+        with pytest.raises(ForwardFailed, match="the forward pass failed"):
+            broken[0].future.result(10)
+        good = worker.submit([[4, 5]], FAR)
+        assert good[0].future.result(10).value.tolist() == echo([4, 5]).tolist()
+    finally:
+        worker.close()
+
+
 class OutOfMemoryRunner(FakeRunner):
     """Raises what MLX raises when memory runs out, for every pass of more than `fits` tokens (rows x width)."""
 
