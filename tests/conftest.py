@@ -59,6 +59,11 @@ def shared_dir() -> Path:
     raise AssertionError(f"shared/ not found beside {root}")
 
 
+def ce_fixture_dir() -> Path:
+    """The small trained cross-encoder in shared/fixtures/bert-tiny-ce-distilled."""
+    return shared_dir() / "fixtures" / "bert-tiny-ce-distilled"
+
+
 def gguf_fixture(name: str) -> Path:
     """A GGUF from shared/fixtures/gguf/ (llama-server's answers on it are in NAME.llama-server.json)."""
     return shared_dir() / "fixtures" / "gguf" / name

@@ -16,11 +16,11 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from tests.conftest import minilm_dir
+from tests.conftest import ce_fixture_dir, minilm_dir
 from tests.server.harness import ServerProcess
 
 EXAMPLES_PER_OPERATION = 20
-CE = "/work/shared/fixtures/bert-tiny-ce-distilled"
+CE = str(ce_fixture_dir())
 LIMITS = ("--max-client-batch-size", "8", "--payload-limit", "20000", "-ub", "128", "-to", "60")
 
 

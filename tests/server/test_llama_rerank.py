@@ -18,10 +18,10 @@ import pytest
 import torch
 
 from tests.engine.families.qwen3_fixture import CARD_INSTRUCTION, CARD_PREFIX, CARD_SUFFIX, make_checkpoint
-from tests.conftest import gguf_fixture
+from tests.conftest import ce_fixture_dir, gguf_fixture
 from tests.server.harness import ServerProcess
 
-CE_FIXTURE = "/work/shared/fixtures/bert-tiny-ce-distilled"
+CE_FIXTURE = str(ce_fixture_dir())
 PRESET = ("-m", CE_FIXTURE, "--alias", "jina-reranker", "--ctx-size", "512", "--batch-size", "512",
           "--parallel", "1", "--offline", "--reranking")
 EPS = 1e-4

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import minilm_dir, parse_metrics, tiny_bert_dir
+from tests.conftest import ce_fixture_dir, minilm_dir, parse_metrics, tiny_bert_dir
 from tests.server.harness import ServerProcess, run_cli
 
-CE = "/work/shared/fixtures/bert-tiny-ce-distilled"
+CE = str(ce_fixture_dir())
 TEXTS = ["The cat sits on the mat.", "A 200-page report on growth", ""]
 QUERY = "What is the capital of France?"
 DOCUMENTS = ["Paris is the capital of France.", "Bananas are yellow.", "France is in Europe."]

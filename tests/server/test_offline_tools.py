@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import orjson
@@ -15,7 +14,7 @@ import pytest
 from compat.cli import embed_main, rerank_main
 from engine import Encoder, Reranker
 from engine.errors import InputTooLong, InvalidInput
-from tests.conftest import minilm_dir
+from tests.conftest import ce_fixture_dir, minilm_dir
 from tests.engine.families.qwen3_fixture import make_checkpoint
 from tests.server.harness import ROOT, ServerProcess, clean_env
 
@@ -23,15 +22,6 @@ TEXTS = ["The cat sits on the mat.", "A feline rests on a rug.", "Quarterly reve
 QUERY = "What is the capital of France?"
 DOCUMENTS = ["Paris is the capital of France.", "Bananas are yellow.", "France is a country in Europe.",
              "Paris is the capital of France."]  # a tie with document 0: ranked after it
-
-
-def ce_fixture_dir() -> Path:
-    """The trained cross-encoder under the shared folder beside the repository (/work/shared in this workplace)."""
-    for shared in (ROOT.parent / "shared", Path("/work/shared")):
-        folder = shared / "fixtures" / "bert-tiny-ce-distilled"
-        if (folder / "config.json").is_file():
-            return folder
-    raise AssertionError("the fixture cross-encoder (shared/fixtures/bert-tiny-ce-distilled) is missing")
 
 
 @pytest.fixture(scope="module")

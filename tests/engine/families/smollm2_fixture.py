@@ -12,10 +12,10 @@ import json
 import tempfile
 from pathlib import Path
 
-from tests.conftest import package_folder
+from tests.conftest import gguf_fixture, package_folder
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-LLAMA_SERVER_JSON = Path("/work/shared/fixtures/gguf/SmolLM2-135M-Instruct.Q4_1.llama-server.json")
+LLAMA_SERVER_JSON = gguf_fixture("SmolLM2-135M-Instruct.Q4_1.llama-server.json")
 
 
 def gguf_path() -> Path | None:
