@@ -56,8 +56,9 @@ class Group:
 
 def job_description(command: EmbedCommand, name: str, ref: str, reader: CorpusReader) -> dict[str, Any]:
     """Everything the vectors and the file's layout depend on: a resumed run must match it exactly."""
+    # offline only says where the files came from; threads and batch sizes stay (they move float rounding).
     options = {key: (value.value if hasattr(value, "value") else value)
-               for key, value in encoder_options(command).items()}
+               for key, value in encoder_options(command).items() if key != "offline"}
     return {"model": name, "ref": ref, "input": fingerprint(reader.path), "format": reader.format,
             "text_field": command.text_field, "id_field": command.id_field if reader.ids_from_field else None,
             "rows_per_group": command.rows_per_group, "embd_normalize": command.embd_normalize,

@@ -84,7 +84,23 @@ def option(
     return Field(default, json_schema_extra=extra, repr=not secret)
 
 
-class Settings(BaseSettings):
+class ExplicitSettings(BaseSettings):
+    """Settings built only from the values our parsers give: pydantic-settings must not read os.environ
+    (field-named variables such as THREADS or RAY_ADDRESS would leak in) or argv itself."""
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings,)
+
+
+class Settings(ExplicitSettings):
     """The resolved configuration. Field order is the order environment variables are applied in."""
 
     model_config = SettingsConfigDict(extra="forbid")
@@ -276,18 +292,6 @@ class Settings(BaseSettings):
     log_disable: bool = option(False, flags=["--log-disable"], kind="flag", group="logging", help="log nothing")
     log_file: str | None = option(None, flags=["--log-file"], env="LLAMA_ARG_LOG_FILE", metavar="FNAME",
                                   group="logging", help="also write the log to this file")
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        # parse_settings is the only source: pydantic-settings must not read os.environ or argv itself.
-        return (init_settings,)
 
     @field_validator("alias", "tags")
     @classmethod
@@ -892,14 +896,14 @@ def shared_option(name: str, **changes: Any) -> Any:
     return Field(default_factory=list, json_schema_extra=extra) if default == [] else Field(default, json_schema_extra=extra)
 
 
-class _ModelOptions(BaseSettings):
+class _ModelOptions(ExplicitSettings):
     """What both commands share: the model, how it is loaded, and its limits."""
 
     model_config = SettingsConfigDict(extra="forbid")
 
     model: str | None = shared_option(
-        "model", help="a folder in Hugging Face layout, or an org/name repository of the Hugging Face cache; "
-                      "neither -m nor -hf: the bundled all-MiniLM-L6-v2 (mlx-embed)")
+        "model", help="a folder in Hugging Face layout, a .gguf file, or an org/name repository of the Hugging Face "
+                      "cache; neither -m nor -hf: the bundled all-MiniLM-L6-v2")
     hf_repo: str | None = shared_option("hf_repo")
     offline: bool = shared_option("offline")
     truncate: bool = shared_option("truncate")
@@ -987,6 +991,9 @@ class EmbedCommand(_ModelOptions):
 class RerankCommand(_ModelOptions):
     """mlx-rerank: score documents against a query."""
 
+    model: str | None = shared_option(
+        "model", help="a reranker: a folder in Hugging Face layout, a .gguf file, or an org/name repository of the "
+                      "Hugging Face cache (-m or -hf is required)")
     query: str | None = option(None, flags=["-q", "--query"], metavar="TEXT", group="input",
                                help="the query")
     document: list[str] = option([], flags=["-d", "--document"], kind="repeated", metavar="TEXT", group="input",

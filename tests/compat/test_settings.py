@@ -495,3 +495,16 @@ def test_option_table():
     assert by_key["slots"]["env"] == "LLAMA_ARG_ENDPOINT_SLOTS"
     assert by_key["reranking"]["flags"] == ["--reranking", "--rerank"]
     assert by_key["gpu-layers"]["group"] == "ignored-for-compatibility"
+
+
+def test_offline_commands_read_their_command_line_only(monkeypatch):
+    """Variables named after fields (a Ray cluster shell sets RAY_ADDRESS) must not become options."""
+    from compat.settings import EmbedCommand, RerankCommand, parse_command
+
+    for name, value in {"RAY_ADDRESS": "10.0.0.1:6379", "THREADS": "7", "TRUNCATE": "true", "INPUT": "/etc/passwd",
+                        "MODEL": "/nowhere", "QUIET": "true"}.items():
+        monkeypatch.setenv(name, value)
+    embed = parse_command(EmbedCommand, ["-p", "x"])
+    assert (embed.ray_address, embed.threads, embed.truncate, embed.input, embed.model, embed.quiet) == \
+        (None, -1, False, None, None, False)
+    assert parse_command(RerankCommand, ["-q", "q", "-d", "d"]).threads == -1
