@@ -5,6 +5,7 @@ Tests that need it skip when the binary is absent; it only ever listens on 127.0
 from __future__ import annotations
 
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -28,13 +29,15 @@ class LlamaServer:
         self.base = f"http://127.0.0.1:{self.port}"
         argv = [str(binary()), "-m", str(model), "--host", "127.0.0.1", "--port", str(self.port), "-t", "2",
                 "-c", "2048", "-np", "1", "--fit", "off", *args]
-        self.proc = subprocess.Popen(argv, env=clean_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        # its log goes to a file: a pipe nobody reads fills up and blocks the server mid-test
+        self.log = tempfile.NamedTemporaryFile(prefix="llama-server-log-", suffix=".txt")
+        self.proc = subprocess.Popen(argv, env=clean_env(), stdout=subprocess.DEVNULL, stderr=self.log)
 
     def __enter__(self) -> "LlamaServer":
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"llama-server exited: {self.proc.stderr.read().decode(errors='replace')[-2000:]}")
+                raise RuntimeError(f"llama-server exited: {Path(self.log.name).read_text(errors='replace')[-2000:]}")
             try:
                 if requests.get(self.base + "/health", timeout=5).status_code == 200:
                     return self
@@ -51,6 +54,7 @@ class LlamaServer:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        self.log.close()
 
     def post(self, route: str, body: dict) -> dict | list:
         res = requests.post(self.base + route, json=body, timeout=60)

@@ -16,6 +16,9 @@ _POOLING = {0: Pooling.NONE, 1: Pooling.MEAN, 2: Pooling.CLS, 3: Pooling.LAST, 4
 def read(path: Path, label: str) -> Checkpoint:
     """`label` is how the user named the file (llama-server reports the -m path as typed)."""
     gguf = GGUFFile(path)
+    if int(gguf.metadata.get("split.count", 1)) > 1:
+        raise UnsupportedCheckpoint(f"{path}: a GGUF split into {gguf.metadata['split.count']} files is not supported; "
+                                    f"merge it first (llama-gguf-split --merge)")
     arch = gguf.architecture
     mapping = for_architecture(arch, str(path))
     shapes = {name: info.shape for name, info in gguf.tensors.items()}

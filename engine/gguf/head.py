@@ -14,6 +14,10 @@ from engine.pooling import pool
 from engine.types import Pooling
 
 
+_HEAD_KEYS = {"cls.weight": "cls.weight", "cls.bias": "cls.bias",
+              "cls.output.weight": "cls_output.weight", "cls.output.bias": "cls_output.bias"}
+
+
 class RankHead(nn.Module):
     def __init__(self, trunk: nn.Module, hidden: int, n_out: int, present: set[str], pooling: Pooling,
                  softmax: bool):
@@ -24,7 +28,6 @@ class RankHead(nn.Module):
             self.cls = nn.Linear(hidden, hidden, bias="cls.bias" in present)
         self.cls_output = nn.Linear(hidden, n_out, bias="cls_output.bias" in present)
         self._pooling = pooling
-        self._softmax = softmax
         self.scores_are_probabilities = softmax
 
     def __call__(self, input_ids: mx.array, attention_mask: mx.array,
@@ -34,11 +37,9 @@ class RankHead(nn.Module):
         if "cls" in self:
             x = mx.tanh(self.cls(x))
         scores = self.cls_output(x)
-        return mx.softmax(scores, axis=-1) if self._softmax else scores
+        return mx.softmax(scores, axis=-1) if self.scores_are_probabilities else scores
 
     @staticmethod
     def key(name: str) -> str | None:
         """GGUF head tensor -> our parameter name."""
-        table = {"cls.weight": "cls.weight", "cls.bias": "cls.bias",
-                 "cls.output.weight": "cls_output.weight", "cls.output.bias": "cls_output.bias"}
-        return table.get(name)
+        return _HEAD_KEYS.get(name)

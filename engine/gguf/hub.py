@@ -23,9 +23,7 @@ def choose_file(files: list[str], quant: str | None, hf_repo: str) -> str:
     tag = (quant or DEFAULT_QUANT).lower()
     matching = [f for f in ggufs if tag in PurePosixPath(f).name.lower()]
     if matching:
-        # of a split model, the first part (llama loads the others beside it)
-        firsts = [f for f in matching if "-00001-of-" in f] or matching
-        return firsts[0]
+        return matching[0]
     if quant is None:
         return ggufs[0]
     raise CheckpointNotFound(f"{hf_repo}: no .gguf file for quant {quant!r} (files: {', '.join(ggufs)})")
@@ -38,9 +36,12 @@ def resolve_repo(hf_repo: str, hf_file: str | None, offline: bool) -> Path:
     repo, quant = split_repo(hf_repo)
     where = " (offline)" if offline else ""
     try:
-        if not offline and (quant or hf_file):
-            name = hf_file or choose_file(huggingface_hub.list_repo_files(repo), quant, hf_repo)
-            return Path(huggingface_hub.hf_hub_download(repo, name))
+        if not offline:
+            files = huggingface_hub.list_repo_files(repo)
+            # a GGUF repository holds many quants: fetch the one file chosen, never the whole repository
+            if quant or hf_file or "config.json" not in files:
+                name = hf_file or choose_file(files, quant, hf_repo)
+                return Path(huggingface_hub.hf_hub_download(repo, name))
         folder = Path(huggingface_hub.snapshot_download(repo, local_files_only=offline))
     except CheckpointNotFound:
         raise

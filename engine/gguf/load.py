@@ -14,7 +14,7 @@ from engine.checkpoint import Checkpoint
 from engine.errors import UnsupportedCheckpoint
 from engine.gguf.arch import for_architecture
 from engine.heads import Projection
-from engine.weights import compute_dtype
+from engine.weights import compute_dtype, materialize
 from engine.gguf.head import RankHead
 from engine.gguf.reader import GGUFFile
 from engine.types import Pooling
@@ -66,13 +66,13 @@ def build(checkpoint: Checkpoint, dtype: str = "auto") -> tuple[nn.Module, nn.Mo
             if hasattr(mapping, "transform"):
                 weight = mapping.transform(name, weight, checkpoint.config)
             trunk_weights[hf_key] = weight
-        elif RankHead.key(name) is not None:
-            head_weights[RankHead.key(name)] = tensor(gguf, name)
+        elif (head_key := RankHead.key(name)) is not None:
+            head_weights[head_key] = tensor(gguf, name)
         else:
             raise UnsupportedCheckpoint(f"{checkpoint.path}: tensor {name!r} has no place in the "
                                         f"{mapping.FAMILY} family (GGUF architecture {gguf.architecture!r})")
     model: nn.Module = trunk
-    weights = {k: v for k, v in trunk.sanitize(trunk_weights).items()}
+    weights = trunk.sanitize(trunk_weights)
     if is_reranker(gguf):
         hidden = int(checkpoint.config["hidden_size"])
         n_out = head_weights["cls_output.bias"].shape[0] if "cls_output.bias" in head_weights else \
@@ -81,7 +81,7 @@ def build(checkpoint: Checkpoint, dtype: str = "auto") -> tuple[nn.Module, nn.Mo
                          pooling=Pooling.LAST if mapping.CAUSAL else Pooling.CLS,
                          softmax=gguf.architecture == "qwen3")
         weights = {**{f"trunk.{k}": v for k, v in weights.items()}, **head_weights}
-        if mapping.FAMILY == "bert":
+        if mapping.FAMILY == "bert" and "cls.weight" not in head_weights:  # XLM-R conversions keep their head
             log.warning("%s: a BERT cross-encoder converted by llama.cpp has no pooler and no token types; it is "
                         "scored as llama-server scores it (classifier on the [CLS] state), which cannot reproduce "
                         "the original checkpoint's scores", checkpoint.path)
@@ -90,13 +90,7 @@ def build(checkpoint: Checkpoint, dtype: str = "auto") -> tuple[nn.Module, nn.Mo
     weights = {k: v.reshape(expected[k].shape) if k in expected and v.shape != expected[k].shape
                and v.size == expected[k].size else v for k, v in weights.items()}
     compute = compute_dtype(dtype, weights)
-    weights = {k: v.astype(compute) if mx.issubdtype(v.dtype, mx.floating) else v for k, v in weights.items()}
-    try:
-        model.load_weights(list(weights.items()), strict=True)
-    except ValueError as exc:
-        raise UnsupportedCheckpoint(f"{checkpoint.path}: tensors do not match the {mapping.FAMILY} family: "
-                                    f"{exc}") from exc
-    mx.eval(model.parameters())
+    materialize(model, weights, None, compute, f"{checkpoint.path} ({mapping.FAMILY} family)")
     return model, trunk, mapping.FAMILY, _projection(dense_weights, checkpoint, compute)
 
 
@@ -110,8 +104,7 @@ def _projection(dense: dict[str, mx.array], checkpoint: Checkpoint, compute: mx.
         raise UnsupportedCheckpoint(f"{checkpoint.path}: Dense layers of widths {shapes} do not chain from the "
                                     f"hidden size {checkpoint.config['hidden_size']}")
     projection = Projection(shapes, ("torch.nn.modules.linear.Identity",) * len(shapes))
-    projection.load_weights([(k, v.astype(compute)) for k, v in dense.items()], strict=True)
-    mx.eval(projection.parameters())
+    materialize(projection, dense, None, compute, f"{checkpoint.path} (Dense layers)")
     return projection
 
 

@@ -56,7 +56,7 @@ def test_minilm_f16_vectors_equal_llama_server_and_the_original(minilm_f16):
     answers = llama_answers("minilm-f16")
     ids = [minilm_f16.encode_prompt([s]) for s in answers["sentences"]]
     ours = minilm_f16.embed(ids).vectors
-    assert min(cosine(a, b) for a, b in zip(ours, answers["embeddings"]["vectors"])) >= 0.9999
+    assert min(cosine(a, b) for a, b in zip(ours, answers["embeddings"]["vectors"])) >= 0.99999
     from sentence_transformers import SentenceTransformer
 
     original = SentenceTransformer(str(minilm_dir()), device="cpu").encode(answers["sentences"])
@@ -74,8 +74,8 @@ def test_minilm_identity_is_read_from_the_file(minilm_f16):
     assert info.n_params == 22565376 and info.size_bytes == 45586944
 
 
-@pytest.mark.parametrize("name, floor", [("minilm-q4_0", 0.99), ("tiny-random-qwen3-last-f16", 0.9999),
-                                         ("SmolLM2-135M-Instruct.Q4_1", 0.99)])
+@pytest.mark.parametrize("name, floor", [("minilm-q4_0", 0.9995), ("tiny-random-qwen3-last-f16", 0.99999),
+                                         ("SmolLM2-135M-Instruct.Q4_1", 0.999)])
 def test_vectors_equal_llama_server(name, floor):
     answers = llama_answers(name)
     if name.startswith("SmolLM2"):  # no pooling_type in the file: llama-server ran it with --pooling mean
@@ -91,8 +91,9 @@ def test_vectors_equal_llama_server(name, floor):
 
 
 # Q8_0: llama.cpp also rounds the activations to 8 bits before each quantized matmul; we multiply fp32
-# activations by the dequantized weights, so its scores sit a few 1e-3 away (measured 5.5e-3 at most).
-@pytest.mark.parametrize("name, atol", [("bert-tiny-ce-distilled-f32", 1e-3), ("bert-tiny-ce-distilled-q8_0", 1e-2)])
+# activations by the dequantized weights, so its scores sit a few 1e-3 away (measured 6.4e-3 at most).
+@pytest.mark.parametrize("name, atol", [("bert-tiny-ce-distilled-f32", 5e-4),
+                                        ("bert-tiny-ce-distilled-q8_0", 7e-3)])
 def test_rerank_scores_equal_llama_server(name, atol):
     answers = llama_answers(name)["rerank"]
     eng = start_engine(gguf_fixture(f"{name}.gguf"), pooling=Pooling.RANK)
@@ -116,3 +117,17 @@ def test_a_file_that_is_not_gguf_is_refused(tmp_path: Path):
     bogus.write_bytes(b"not a gguf file")
     with pytest.raises(CheckpointNotFound, match="not GGUF"):
         start_engine(bogus)
+
+
+def test_a_split_file_is_refused_by_name(tmp_path: Path):
+    import gguf
+
+    part = tmp_path / "model-00001-of-00002.gguf"
+    writer = gguf.GGUFWriter(str(part), "bert")
+    writer.add_uint16("split.count", 2)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(UnsupportedCheckpoint, match="split into 2 files is not supported"):
+        start_engine(part)
