@@ -44,7 +44,7 @@ RETRY_AFTER_S = 1  # sent with every 503: overload and loading pass; a client ba
 
 # llama's enum -> status, used to type falcon's own HTTPErrors (contract §1.4)
 _TYPE_BY_STATUS = {400: INVALID_REQUEST, 401: AUTHENTICATION, 403: "permission_error", 404: NOT_FOUND,
-                   413: INVALID_REQUEST, 431: INVALID_REQUEST, 500: SERVER, 501: NOT_SUPPORTED, 503: UNAVAILABLE, 504: TIMEOUT}
+                   500: SERVER, 501: NOT_SUPPORTED, 503: UNAVAILABLE, 504: TIMEOUT}  # other 4xx: INVALID_REQUEST
 
 
 class ApiError(Exception):

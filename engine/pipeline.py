@@ -45,12 +45,13 @@ class EmbeddingPipeline(Pipeline):
         self.model = model
         self.pooling = pooling
         self.projection = projection
+        self.pools_itself = bool(getattr(model, "pools_itself", False))  # the family's own head gives [B, D]
 
     def launch(self, ids: np.ndarray, mask: np.ndarray, type_ids: np.ndarray, lengths: list[int]) -> Collect:
         """[B, W] right-padded -> one float32 vector [D] per row ([n_i, D] for pooling none)."""
         mask_mx = mx.array(mask)
         hidden = self.model(mx.array(ids), mask_mx, mx.array(type_ids))
-        if getattr(self.model, "pools_itself", False):  # the family's own head already gave [B, D]
+        if self.pools_itself:
             pooled = _started(hidden.astype(mx.float32))
             return lambda: list(np.array(pooled))
         if self.pooling is Pooling.NONE:
@@ -61,7 +62,6 @@ class EmbeddingPipeline(Pipeline):
             pooled = self.projection(pooled).astype(mx.float32)
         pooled = _started(pooled)
         return lambda: list(np.array(pooled))
-
 
     def launch_images(self, pixels: np.ndarray) -> Collect:
         """[B, C, H, W] preprocessed images -> one float32 vector [D] per image (the vision tower's head)."""

@@ -137,12 +137,13 @@ def load(checkpoint: Checkpoint, kind: str | None = None, dtype: str = "auto") -
     raw: dict[str, mx.array] = {}
     for file in checkpoint.weight_files():
         raw.update(mx.load(str(file)))
-    projection = None
+    projection = tensors = None
     if kind == GENERATIVE_RERANKER:
         model = trunk = family.CausalLM(args)
     elif kind == CROSS_ENCODER:
         cls = family.SequenceClassifier
-        labels = cls.label_count(cls.sanitize(raw))
+        tensors = cls.sanitize(raw)  # sanitized once: the label count reads it, then the model loads it
+        labels = cls.label_count(tensors)
         if labels != 1:
             raise UnsupportedCheckpoint(f"{checkpoint.path}: a cross-encoder must have exactly one label; "
                                         f"its classifier has {labels} rows")
@@ -155,7 +156,8 @@ def load(checkpoint: Checkpoint, kind: str | None = None, dtype: str = "auto") -
                                                             quant.bits if quant else None)
         except UnsupportedCheckpoint as exc:
             raise UnsupportedCheckpoint(f"{checkpoint.path}: {exc}") from exc
-    tensors = model.sanitize(raw)
+    if tensors is None:
+        tensors = model.sanitize(raw)
     dtype_ = weights.compute_dtype(dtype, tensors)
     what = f"{checkpoint.path} ({name} family)"
     weights.materialize(model, tensors, quant, dtype_, what)

@@ -54,6 +54,7 @@ class Engine:
         self._prompt: RerankPrompt | None = None  # generative rerankers only
         self._probabilities = False  # the model's scores are already in [0, 1]
         self._chat: ChatInputs | None = None  # embedders whose texts go through their chat template
+        self._chat_tails: dict[str | None, list[int]] = {}  # per system prompt: the template's closing tokens
         self._images: ImageProcessor | None = None  # models with a vision tower only
         self._in_flight = 0
         self._in_flight_lock = threading.Lock()
@@ -209,22 +210,28 @@ class Engine:
         """One chat-templated input's tokens. Truncated as sentence-transformers does: cut to the model's
         length, then the template's tail (the tokens the render ends with whatever the content) written back
         over the last ones, so last-token pooling still reads the template's final token."""
-        tok = self.tokenizer
-        ids = tok.encode(self._chat.render(text, system), add_special=False)
+        ids = self.tokenizer.encode(self._chat.render(text, system), add_special=False)
         if not truncate or len(ids) <= info.max_input_tokens:
             return ids
-        tails = [tok.encode(self._chat.render(filler, system), add_special=False) for filler in ("0", "1 2 3 4")]
-        common = 0
-        for a, b in zip(reversed(tails[0]), reversed(tails[1])):
-            if a != b:
-                break
-            common += 1
-        suffix = tails[0][len(tails[0]) - common:] if 0 < common < min(map(len, tails)) else []
+        suffix = self._chat_tail(system)
         ids = ids[:info.truncate_tokens]
         keep = min(len(suffix), len(ids))
         if keep:
             ids[-keep:] = suffix[-keep:]
         return ids
+
+    def _chat_tail(self, system: str | None) -> list[int]:
+        """The tokens every render ends with whatever the content (found once per system prompt)."""
+        if system not in self._chat_tails:
+            tails = [self.tokenizer.encode(self._chat.render(filler, system), add_special=False)
+                     for filler in ("0", "1 2 3 4")]
+            common = 0
+            for a, b in zip(reversed(tails[0]), reversed(tails[1])):
+                if a != b:
+                    break
+                common += 1
+            self._chat_tails[system] = tails[0][len(tails[0]) - common:] if 0 < common < min(map(len, tails)) else []
+        return self._chat_tails[system]
 
     def embed_prompts(self, prompts: Sequence[Sequence[str | int] | ImageInput], *, truncate: bool | None = None,
                       timeout_s: float = 3600) -> EmbedResult:

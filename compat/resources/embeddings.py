@@ -46,9 +46,11 @@ class EmbeddingsResource:
         resp.media = render_embeddings_response(request, result, served.name)
 
 
-def _checked_media(prompts: list[Prompt], settings: Settings) -> MediaPolicy:
-    """Refuse too many images before fetching any; the rules to fetch them by."""
+def _checked_media(prompts: list[Prompt], settings: Settings) -> MediaPolicy | None:
+    """Refuse too many images before fetching any; the rules to fetch them by (None: a text-only request)."""
     n_images = sum(isinstance(part, MediaRef) for prompt in prompts for part in prompt)
+    if n_images == 0:
+        return None
     if n_images > settings.image_max_count:
         raise bad_request(f"the request has {n_images} images; at most {settings.image_max_count} are allowed "
                           f"(--image-max-count)")

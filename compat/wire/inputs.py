@@ -40,7 +40,7 @@ BAD_ELEMENTS = ('"prompt" elements must be a string, a list of tokens, a JSON ob
 MULTIMODAL = "Multimodal data provided, but model does not support multimodal requests."
 
 
-MAX_JSON_DEPTH = 32  # our deepest request is 4 levels ({"input": [{"prompt_string": ...}]}); clients' extras fit
+MAX_JSON_DEPTH = 32  # our deepest request is 5 levels ({"input": [[{"image_url": {...}}]]}); clients' extras fit
 TOO_DEEP = f"The request body nests JSON arrays and objects more than {MAX_JSON_DEPTH} levels deep"
 
 

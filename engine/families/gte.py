@@ -16,7 +16,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from engine.errors import UnsupportedCheckpoint
-from engine.families.base import BaseModelArgs, activation, attention, padding_mask, split_heads
+from engine.families.base import BaseModelArgs, Trunk, activation, attention, padding_mask, split_heads
 from engine.families import bert
 
 # Where the trunk sits in the task heads: NewFor* checkpoints use `new.`, transformers' GteFor* `gte.`.
@@ -156,7 +156,7 @@ class NewEncoder(nn.Module):
         return x
 
 
-class Model(nn.Module):
+class Model(Trunk):
     """The trunk: token ids -> final hidden states [B, L, D]. The pooler only exists for classifiers."""
 
     def __init__(self, args: ModelArgs, add_pooler: bool = False):
@@ -166,14 +166,6 @@ class Model(nn.Module):
         self.encoder = NewEncoder(args)
         if add_pooler:
             self.pooler = bert.BertPooler(args)  # the same [CLS] dense + tanh
-
-    @property
-    def hidden_size(self) -> int:
-        return self.args.hidden_size
-
-    @property
-    def n_positions(self) -> int:
-        return self.args.max_position_embeddings
 
     def __call__(self, input_ids: mx.array, attention_mask: mx.array,
                  token_type_ids: mx.array | None = None) -> mx.array:
