@@ -13,8 +13,7 @@ import numpy as np
 
 from compat.errors import bad_request
 from compat.wire.inputs import Prompt, parse_input_prompts
-from engine import normalize_embedding
-from engine.normalize import check_dimensions
+from engine import check_dimensions, normalize_embedding
 from engine.types import EmbedResult
 
 NO_INPUT = '"input" or "content" must be provided'
