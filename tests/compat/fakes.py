@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from engine.errors import EmptyInput, InputTooLong, InvalidInput, InvalidTokens
+from engine.errors import EmptyInput, InputTooLong, InvalidInput, InvalidTokens, TooManyInputs
 from engine.prompts import format_prompts
 from engine.types import EmbedResult, ModelInfo, Pooling, RerankResult, Timings, VocabType
 
@@ -43,7 +43,8 @@ class FakeEngine:
 
     def __init__(self, pooling: Pooling = Pooling.MEAN, loaded: bool = True, max_input_tokens: int = 16,
                  limit_kind: str = "ubatch", kind: str = "embedder", prompts: tuple[tuple[str, str], ...] = (),
-                 default_prompt_name: str | None = None, instruction_template: str | None = None):
+                 default_prompt_name: str | None = None, instruction_template: str | None = None,
+                 max_queue_items: int = 4096):
         """kind: "embedder" | "cross-encoder" | "generative-reranker" (a reranker has rank pooling).
         prompts, default_prompt_name, instruction_template: as a loaded embedding model's ModelInfo carries them."""
         self.is_loaded = loaded
@@ -55,6 +56,7 @@ class FakeEngine:
             eos_token="[SEP]", kind=kind, batch_tokens=4096, batch_rows=16, widths=(8, 16, 512), prompts=prompts,
             default_prompt_name=default_prompt_name, instruction_template=instruction_template, family="bert")
         self.limit_kind = limit_kind
+        self.max_queue_items = max_queue_items
         self.embed_calls: list[dict] = []
         self.encode_calls: list[dict] = []
         self.rerank_calls: list[dict] = []
@@ -79,6 +81,10 @@ class FakeEngine:
             self._words.update(zip(words, part.split(), strict=True))
             ids += [CLS, *words, SEP] if i == 0 and add_special else words
         return ids
+
+    def check_count(self, n_inputs: int) -> None:
+        if n_inputs > self.max_queue_items:
+            raise TooManyInputs(n_inputs, self.max_queue_items)
 
     def format_prompts(self, prompts, prompt_name=None, instruction=None, truncate=None):
         """The engine's rule for a model without a chat template (engine.prompts.format_prompts)."""
