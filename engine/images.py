@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,13 +72,22 @@ class ImageProcessor:
         elif image.size != (self.width, self.height):
             raise InvalidImage(f"the image is {image.width}x{image.height}; this model takes "
                                f"{self.width}x{self.height} and its processor does not resize")
-        pixels = np.asarray(image)
-        if self.do_rescale:  # in float64, then float32: the reference processor's order of rounding
-            pixels = (pixels.astype(np.float64) * self.rescale_factor).astype(np.float32)
-        pixels = pixels.astype(np.float32)
-        if self.do_normalize:
-            pixels = (pixels - np.array(self.mean, np.float32)) / np.array(self.std, np.float32)
-        return np.ascontiguousarray(pixels.transpose(2, 0, 1))
+        return to_pixels(image, self.rescale_factor if self.do_rescale else None,
+                         (self.mean, self.std) if self.do_normalize else None)
+
+
+def to_pixels(image, rescale_factor: float | None,
+              normalization: tuple[Sequence[float], Sequence[float]] | None) -> np.ndarray:
+    """A PIL image -> float32 [C, H, W]: rescaled (in float64, then float32: the reference processors' order of
+    rounding) and normalized by (mean, std) per channel, each step only when given."""
+    pixels = np.asarray(image)
+    if rescale_factor is not None:
+        pixels = (pixels.astype(np.float64) * rescale_factor).astype(np.float32)
+    pixels = pixels.astype(np.float32)
+    if normalization is not None:
+        mean, std = normalization
+        pixels = (pixels - np.array(mean, np.float32)) / np.array(std, np.float32)
+    return np.ascontiguousarray(pixels.transpose(2, 0, 1))
 
 
 def decode(data: bytes, max_pixels: int):

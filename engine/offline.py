@@ -150,7 +150,7 @@ class Encoder(_Loaded):
         models that take images; a bad one raises InvalidImage naming it, as the server answers 400."""
         p = normalization(normalize)
         check_dimensions(dimensions, self.info.n_embd)
-        inputs = [ImageInput(image if isinstance(image, bytes) else Path(image).read_bytes()) for image in images]
+        inputs = [ImageInput.image(image if isinstance(image, bytes) else Path(image).read_bytes()) for image in images]
         raw, n_tokens = self._embed(inputs, batch_size)
         return Embedded(self._finish(raw, p, dimensions), n_tokens)
 
