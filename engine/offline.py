@@ -18,7 +18,7 @@ import numpy as np
 from engine.errors import InvalidInput
 from engine.normalize import normalize_embedding
 from engine.service import Engine
-from engine.types import EngineOptions, ImageInput, ModelInfo, Pooling
+from engine.types import EngineOptions, ImageInput, ModelInfo, Pooling, RerankItem
 
 # Inputs handed to the engine at once: under its queue bound, large enough to sort by length and fill batches.
 SUBMIT_CHUNK = 1024
@@ -234,13 +234,14 @@ class Reranker(_Loaded):
     def kind(self) -> str:
         return self.info.kind
 
-    def score(self, query: str, documents: Sequence[str], *,
+    def score(self, query: RerankItem, documents: Sequence[RerankItem], *,
               instruction: str | None = None) -> tuple[np.ndarray, list[int]]:
-        """(scores in document order, tokens of each pair)."""
+        """(scores in document order, tokens of each pair). The query and the documents are strings, or (rerankers
+        that take images) ImageInput(encoded bytes, text beside the image)."""
         if not documents:
             raise InvalidInput("documents must not be empty")
-        if not isinstance(query, str) or not all(isinstance(d, str) for d in documents):
-            raise InvalidInput("the query and the documents must be strings")
+        if not all(isinstance(item, (str, ImageInput)) for item in (query, *documents)):
+            raise InvalidInput("the query and the documents must be strings (or ImageInput images)")
         result = self.engine.rerank(query, list(documents), instruction=instruction)
         return np.asarray(result.scores, dtype=np.float64), list(result.n_tokens)
 

@@ -35,6 +35,7 @@ from engine.types import (
     ImageInput,
     ModelInfo,
     Pooling,
+    RerankItem,
     RerankResult,
     Timings,
 )
@@ -287,17 +288,23 @@ class Engine:
             raise InvalidInput("this server runs a reranker (rank pooling): it serves /rerank, not embeddings")
         return info
 
-    def rerank(self, query: str, documents: Sequence[str], *, truncate: bool | None = None,
+    def rerank(self, query: RerankItem, documents: Sequence[RerankItem], *, truncate: bool | None = None,
                instruction: str | None = None, timeout_s: float = 3600) -> RerankResult:
         """Score every (query, document) pair; scores come back in document order.
 
-        `instruction` (generative rerankers only) overrides the server's <Instruct> text.
+        `instruction` (generative rerankers only) overrides the server's <Instruct> text. The query and the
+        documents are texts, or images (with any text beside them) for rerankers that take images.
         """
         info = self.info
         if not info.is_reranker:
             raise InvalidInput("this server runs an embedding model: start a reranker with --reranking")
         if instruction is not None and self._prompt is None:
             raise InvalidInput("'instruction' is only used by generative rerankers; this one is a cross-encoder")
+        labelled = [("query", query), *((f"document {i}", doc) for i, doc in enumerate(documents))]
+        images = [label for label, item in labelled if isinstance(item, ImageInput)]
+        if images and not info.takes_images:
+            raise InvalidInput(f"{images[0]} is an image, but this reranker "
+                               f"({info.architecture or info.model_type}) scores text only")
         cut = self.options.truncate if truncate is None else truncate
         started = time.monotonic()
         if self._prompt is not None:
