@@ -30,6 +30,7 @@ class EmbeddingsResource:
                                                default_normalize=served.settings.embd_normalize,
                                                width=info.n_embd, takes_images=info.takes_images)
             check_client_batch(len(request.prompts), served.settings.max_client_batch_size, "inputs")
+            served.engine.check_count(len(request.prompts))  # before any image is fetched
             policy = request_media_policy(request.prompts, served.settings)
             texts = iter(served.engine.format_prompts([p for p in request.prompts if not has_media(p)],
                                                       request.prompt_name, request.instruction, request.truncate))

@@ -24,6 +24,7 @@ class RerankResource:
             request = parse_rerank_request(body(), cohere_v2=self._cohere_v2,
                                            takes_images=served.engine.info.takes_images)
             check_client_batch(len(request.items), served.settings.max_client_batch_size, "documents")
+            served.engine.check_count(len(request.items))  # before any image is fetched
             items = [request.query, *request.items]
             # images are fetched here (the query's once); the engine decodes them off its thread
             policy = request_media_policy([item for item in items if not isinstance(item, str)], served.settings)

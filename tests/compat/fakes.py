@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from engine.errors import EmptyInput, InputTooLong, InvalidInput, InvalidTokens
+from engine.errors import EmptyInput, InputTooLong, InvalidInput, InvalidTokens, TooManyInputs
 from engine.prompts import format_prompts
 from engine.types import EmbedResult, ImageInput, ModelInfo, Pooling, RerankResult, Timings, VocabType
 
@@ -51,7 +51,7 @@ class FakeEngine:
     def __init__(self, pooling: Pooling = Pooling.MEAN, loaded: bool = True, max_input_tokens: int = 16,
                  limit_kind: str = "ubatch", kind: str = "embedder", prompts: tuple[tuple[str, str], ...] = (),
                  default_prompt_name: str | None = None, instruction_template: str | None = None,
-                 modalities: tuple[str, ...] = ("text",)):
+                 max_queue_items: int = 4096, modalities: tuple[str, ...] = ("text",)):
         """kind: "embedder" | "cross-encoder" | "generative-reranker" (a reranker has rank pooling).
         prompts, default_prompt_name, instruction_template: as a loaded embedding model's ModelInfo carries them.
         modalities: ("text", "image") for a reranker that takes images (its image items score as item_words)."""
@@ -65,6 +65,7 @@ class FakeEngine:
             default_prompt_name=default_prompt_name, instruction_template=instruction_template, family="bert",
             modalities=modalities)
         self.limit_kind = limit_kind
+        self.max_queue_items = max_queue_items
         self.embed_calls: list[dict] = []
         self.encode_calls: list[dict] = []
         self.rerank_calls: list[dict] = []
@@ -89,6 +90,10 @@ class FakeEngine:
             self._words.update(zip(words, part.split(), strict=True))
             ids += [CLS, *words, SEP] if i == 0 and add_special else words
         return ids
+
+    def check_count(self, n_inputs: int) -> None:
+        if n_inputs > self.max_queue_items:
+            raise TooManyInputs(n_inputs, self.max_queue_items)
 
     def format_prompts(self, prompts, prompt_name=None, instruction=None, truncate=None):
         """The engine's rule for a model without a chat template (engine.prompts.format_prompts)."""

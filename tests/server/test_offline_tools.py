@@ -94,11 +94,12 @@ def test_encoder_options_follow_the_server(encoder, embed_server):
 def test_encoder_errors_are_the_servers(encoder):
     with pytest.raises(InputTooLong, match="602 tokens"):
         encoder.encode(["word " * 600])
-    with pytest.raises(InvalidInput, match="dimensions must be an integer from 1 to 384"):
+    with pytest.raises(InvalidInput, match='"dimensions" must be an integer from 1 to 384'):
         encoder.encode(TEXTS, dimensions=385)
     rows = encoder.encode_rows(["a text", "", None, "word " * 600])
     assert rows.errors[0] is None and rows.errors[1] == "empty text" and rows.errors[2] == "missing text"
-    assert rows.errors[3].startswith("602 tokens, over the model's limit of 512")
+    # the engine's own refusal (what encode raises), with the way out
+    assert rows.errors[3] == "input (602 tokens) exceeds the ubatch limit of 512 tokens (--truncate cuts it instead)"
     np.testing.assert_allclose(rows.vectors[0], encoder.encode(["a text"])[0], rtol=0, atol=1e-6)
     assert not rows.vectors[1:].any() and rows.n_tokens[1:] == [0, 0, 0]
 
