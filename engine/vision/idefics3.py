@@ -28,7 +28,7 @@ import numpy as np
 from engine.checkpoint import Checkpoint
 from engine.errors import InvalidInput, UnsupportedCheckpoint
 from engine.families.idefics3 import ModelArgs
-from engine.images import InvalidImage, to_pixels
+from engine.images import InvalidImage, rescale_and_normalize
 from engine.tokenize import TextTokenizer
 from engine.vlm import InputBuilder, PreparedImage, PreparedInput
 
@@ -103,7 +103,8 @@ class ImageProcessor:
         if any(frame.size != (self.tile, self.tile) for frame in frames):
             raise InvalidImage(f"the image ({image.width}x{image.height} after resizing) does not tile into "
                                f"{self.tile}-pixel squares")
-        pixels = np.stack([to_pixels(frame, self.rescale_factor, self.normalization) for frame in frames])
+        pixels = np.stack([rescale_and_normalize(np.asarray(frame), self.rescale_factor, self.normalization)
+                           .transpose(2, 0, 1) for frame in frames])
         return TiledImage(pixels, rows, cols)
 
     def _resize(self, image, height: int, width: int):

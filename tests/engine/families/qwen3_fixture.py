@@ -19,12 +19,13 @@ CORPUS = [
 ] * 20
 
 
-def build_tokenizer():
+def build_tokenizer(extra_specials: tuple[str, ...] = ()):
+    """extra_specials: more special tokens after Qwen3's (Qwen3-VL's vision markers)."""
     from transformers import PreTrainedTokenizerFast
 
     from tests.engine.helpers import byte_level_bpe
 
-    tok = byte_level_bpe(CORPUS, QWEN3_SPECIALS, 600)
+    tok = byte_level_bpe(CORPUS, QWEN3_SPECIALS + list(extra_specials), 600)
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
 
 
