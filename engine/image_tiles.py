@@ -33,7 +33,6 @@ from typing import Any
 import numpy as np
 
 from engine.errors import UnsupportedCheckpoint
-from engine.images import decode
 
 AREA_CAP = 0.6  # a grid keeping this share of the image's area counts as keeping all of it
 NORMALIZATIONS = {"siglip": ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
@@ -115,9 +114,8 @@ class TilingProcessor:
         cols, rows = self.grid(width, height)
         return cols * rows + (1 if self.use_thumbnail and cols * rows > 1 else 0)
 
-    def __call__(self, data: bytes, max_pixels: int) -> np.ndarray:
-        """Encoded image -> float32 tiles [T, 3, tile, tile], the grid row by row, then the thumbnail if any."""
-        image = decode(data, max_pixels)
+    def __call__(self, image) -> np.ndarray:
+        """A decoded PIL image -> float32 tiles [T, 3, tile, tile], the grid row by row, then the thumbnail if any."""
         if image.mode != "RGB":
             image = image.convert("RGB")
         cols, rows = self.grid(image.width, image.height)

@@ -172,19 +172,19 @@ class DecoderModel(nn.Module):
         args = self.args
         return {kind: sequence_mask(attention_mask, args.causal, args.window(kind)) for kind in kinds}
 
-    def __call__(self, input_ids: mx.array, attention_mask: mx.array, inputs_embeds: mx.array | None = None) -> mx.array:
-        """Padded ids and mask [B, L] (left or right padding) -> final normed hidden states [B, L, D].
+    def __call__(self, input_ids: mx.array, attention_mask: mx.array) -> mx.array:
+        """Padded ids and mask [B, L] (left or right padding) -> final normed hidden states [B, L, D]."""
+        return self.decode(self.embed(input_ids), attention_mask)
 
-        Each layer kind (full / sliding) gets its mask and its rotary tables, built once per pass.
-        inputs_embeds [B, L, D]: the token embeddings to run instead of embedding input_ids (a VLM's, with
-        image features merged in)."""
+    def decode(self, x: mx.array, attention_mask: mx.array) -> mx.array:
+        """Input embeddings [B, L, D] (a vision-language family's, image features merged in) -> final normed
+        hidden states. Each layer kind (full / sliding) gets its mask and its rotary tables, built once per pass."""
         args = self.args
         positions = token_positions(attention_mask)
         kinds = set(args.layer_types)
         tables = {kind: rotary_tables(positions, rope_inverse_frequencies(args.head_dim, args.rope_of(kind)))
                   for kind in kinds}
         masks = self.layer_masks(attention_mask, kinds)
-        x = self.embed(input_ids) if inputs_embeds is None else inputs_embeds
         for layer in self.layers:
             x = layer(x, masks[layer.layer_type], *tables[layer.layer_type])
         return self.norm(x)

@@ -148,10 +148,12 @@ class Model(Trunk):
             x = layer(x)
         return x.reshape(-1, x.shape[-1])
 
-    def hidden_with_images(self, input_ids: mx.array, attention_mask: mx.array, tiles: mx.array) -> mx.array:
-        """Like __call__, with the `<IMG_CONTEXT>` positions (row-major over the batch) taking the tiles' features.
+    def embed_with_images(self, input_ids: mx.array, images: list[dict[str, mx.array]]) -> mx.array:
+        """One input's ids [1, L] and its images' arrays (`pixel_values` [tiles, 3, S, S] each, in prompt order)
+        -> final normed hidden states [1, L, D], the `<IMG_CONTEXT>` positions taking the tiles' features in order.
 
-        The number of context tokens must equal T * tokens_per_tile: the prompt was expanded for these tiles."""
+        The number of context tokens must equal tiles * tokens_per_tile: the prompt was expanded for these tiles."""
+        tiles = mx.concatenate([image["pixel_values"] for image in images], axis=0)
         features = self.image_features(tiles)
         is_image = input_ids == self.config.image_token_id
         count = int(mx.sum(is_image).item())
@@ -161,7 +163,7 @@ class Model(Trunk):
         # the k-th context token (in row-major order) reads feature row k; other positions keep their embedding
         order = mx.maximum(mx.cumsum(is_image.reshape(-1).astype(mx.int32)) - 1, 0).reshape(input_ids.shape)
         merged = mx.where(is_image[..., None], features.astype(embeds.dtype)[order], embeds)
-        return self.language_model(input_ids, attention_mask, inputs_embeds=merged)
+        return self.language_model.decode(merged, mx.ones(input_ids.shape, dtype=mx.int32))
 
     def sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
         """Drop what an embedder never reads (the SigLIP pooling head, an LM head, rotary buffers, position ids);
@@ -180,17 +182,8 @@ class Model(Trunk):
         return out
 
 
-def image_prompt(text: str = "", passage_prefix: str = "passage:") -> str:
-    """An image input's text, as the reference processor builds a document with an image: the passage prefix,
-    the image block, a space, then whatever text came with the image. It holds ONE context token, which
-    expand_image_tokens() grows to the image's run once its tile count is known."""
-    return f"{passage_prefix} {IMAGE_START}{IMAGE_CONTEXT}{IMAGE_END} {text}"
 
-
-def expand_image_tokens(ids: list[int], image_token_id: int, count: int) -> list[int]:
-    """Replace the single context token of an image_prompt() tokenization by `count` of them. The markers are
-    special tokens, so tokenizing the expanded text would split it into the same pieces."""
-    if ids.count(image_token_id) != 1:
-        raise ValueError(f"{FAMILY}: an image prompt must hold exactly one {IMAGE_CONTEXT}, not {ids.count(image_token_id)}")
-    at = ids.index(image_token_id)
-    return ids[:at] + [image_token_id] * count + ids[at + 1:]
+def image_block(n_tokens: int) -> str:
+    """The text an image becomes in the reference's document prompt: its context-token run framed by the
+    image markers, then a space (the reference writes `<image> ` and replaces `<image>`)."""
+    return f"{IMAGE_START}{IMAGE_CONTEXT * n_tokens}{IMAGE_END} "

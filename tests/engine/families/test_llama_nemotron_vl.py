@@ -39,13 +39,19 @@ def tiler(built):
     return TilingProcessor.from_checkpoint(folder, config, fx.TILE)
 
 
+def decoded(data: bytes):
+    image = Image.open(io.BytesIO(data))
+    image.load()
+    return image
+
+
 def test_tiles_equal_internvl_dynamic_preprocess(tiler):
     for name, data in fx.images().items():
-        ours, theirs = tiler(data, max_pixels=1 << 24), fx.reference_tiles(data)
+        image = decoded(data)
+        ours, theirs = tiler(image), fx.reference_tiles(data)
         assert ours.shape == theirs.shape, name
         np.testing.assert_allclose(ours, theirs, atol=1e-6, rtol=0, err_msg=name)
-        with Image.open(io.BytesIO(data)) as image:
-            assert tiler.tile_count(*image.size) == len(ours), name
+        assert tiler.tile_count(*image.size) == len(ours), name
 
 
 def test_grid_choice_follows_the_seed():
@@ -68,71 +74,61 @@ def test_model_reads_the_published_layout(loaded):
     assert "head" not in model.vision_model.vision_model  # SigLIP's pooling head is dropped at load
 
 
-def _embed(model, rows: list[list[int]], tiles: np.ndarray | None) -> list[np.ndarray]:
-    """One right-padded pass, mean-pooled over real tokens and normalized (the engine's pooling, written out)."""
+def _pooled(hidden: mx.array, lengths: list[int]) -> list[np.ndarray]:
+    """Mean over each row's real tokens, L2-normalized (the engine's pooling, written out)."""
+    rows = np.array(hidden.astype(mx.float32), dtype=np.float64)
+    vectors = [row[:n].mean(axis=0) for row, n in zip(rows, lengths, strict=True)]
+    return [v / np.linalg.norm(v) for v in vectors]
+
+
+def embed_texts(model, rows: list[list[int]]) -> list[np.ndarray]:
+    """One right-padded text pass."""
     width = max(len(r) for r in rows)
     ids = mx.array([r + [0] * (width - len(r)) for r in rows])
     mask = mx.array([[1] * len(r) + [0] * (width - len(r)) for r in rows])
-    if tiles is None:
-        hidden = model(ids, mask)
-    else:
-        hidden = model.hidden_with_images(ids, mask, mx.array(tiles))
-    hidden = np.array(hidden.astype(mx.float32), dtype=np.float64)
-    out = []
-    for row, h in zip(rows, hidden, strict=True):
-        vec = h[: len(row)].mean(axis=0)
-        out.append(vec / np.linalg.norm(vec))
-    return out
+    return _pooled(model(ids, mask), [len(r) for r in rows])
 
 
-def test_mixed_text_and_image_batches_match_the_reference(built, loaded, tiler):
+def embed_image_input(model, tok, tiler, text: str, data: bytes) -> tuple[list[int], np.ndarray]:
+    """One image input (its own pass): the expanded ids and the pooled vector."""
+    tiles = tiler(decoded(data))
+    ids = tok("passage: " + family.image_block(len(tiles) * model.tokens_per_tile) + text).input_ids
+    hidden = model.embed_with_images(mx.array([ids]), [{"pixel_values": mx.array(tiles)}])
+    return ids, _pooled(hidden, [len(ids)])[0]
+
+
+def test_text_and_image_inputs_match_the_reference(built, loaded, tiler):
     _, ref, tok = built
     model = loaded.model
-    pics = fx.images()
     texts = ["query: what does the chart say about 2023 revenue", "passage: Revenue grew 12% in 2023.", "hello"]
-    # one image input per pass, with text rows beside it; the second image comes with text of its own
-    passes = [[texts[0], ("", pics["landscape"]), texts[1]], [("a caption", pics["portrait"]), texts[2]],
-              [("", pics["tiny"])]]
-    for items in passes:
-        rows, tiles, expected = [], None, []
-        for item in items:
-            if isinstance(item, tuple):
-                text, data = item
-                tiles = tiler(data, max_pixels=1 << 24)
-                ids = tok(family.image_prompt(text)).input_ids
-                rows.append(family.expand_image_tokens(ids, model.image_token_id, len(tiles) * model.tokens_per_tile))
-                # the expansion equals tokenizing the reference processor's full document text
-                assert rows[-1] == tok(fx.reference_prompt(len(tiles), text)).input_ids
-                expected.append(fx.reference_embedding(ref, tok, text, data))
-            else:
-                rows.append(tok(item).input_ids)
-                expected.append(fx.reference_embedding(ref, tok, item))
-        got = _embed(model, rows, tiles)
-        for ours, theirs in zip(got, expected, strict=True):
-            assert cosine(ours, theirs) >= MIN_COSINE
-            np.testing.assert_allclose(ours, theirs, atol=1e-4)
+    for ours, text in zip(embed_texts(model, [tok(t).input_ids for t in texts]), texts, strict=True):
+        theirs = fx.reference_embedding(ref, tok, text)
+        assert cosine(ours, theirs) >= MIN_COSINE
+        np.testing.assert_allclose(ours, theirs, atol=1e-4)
+    pics = fx.images()
+    for text, name in (("", "landscape"), ("a caption", "portrait"), ("", "tiny"), ("", "square_rgba")):
+        ids, ours = embed_image_input(model, tok, tiler, text, pics[name])
+        assert ids == tok(fx.reference_prompt(len(tiler(decoded(pics[name]))), text)).input_ids
+        theirs = fx.reference_embedding(ref, tok, text, pics[name])
+        assert cosine(ours, theirs) >= MIN_COSINE, name
+        np.testing.assert_allclose(ours, theirs, atol=1e-4)
 
 
 def test_images_change_the_vector(built, loaded, tiler):
     # the features really land in the sequence: two different images under one prompt embed apart
     _, _, tok = built
-    model = loaded.model
-    vectors = []
-    for name in ("square_rgba", "palette"):
-        tiles = tiler(fx.images()[name], max_pixels=1 << 24)
-        ids = family.expand_image_tokens(tok(family.image_prompt()).input_ids, model.image_token_id,
-                                         len(tiles) * model.tokens_per_tile)
-        vectors.append(_embed(model, [ids], tiles)[0])
-    assert cosine(*vectors) < 0.999
+    first, second = (embed_image_input(loaded.model, tok, tiler, "", fx.images()[name])[1]
+                     for name in ("square_rgba", "palette"))
+    assert cosine(first, second) < 0.999
 
 
 def test_context_count_must_match_the_tiles(built, loaded, tiler):
     _, _, tok = built
     model = loaded.model
-    tiles = tiler(fx.images()["landscape"], max_pixels=1 << 24)
-    ids = family.expand_image_tokens(tok(family.image_prompt()).input_ids, model.image_token_id, 3)
+    tiles = tiler(decoded(fx.images()["landscape"]))
+    ids = tok("passage: " + family.image_block(3)).input_ids
     with pytest.raises(ValueError, match="image context tokens"):
-        model.hidden_with_images(mx.array([ids]), mx.ones((1, len(ids))), mx.array(tiles))
+        model.embed_with_images(mx.array([ids]), [{"pixel_values": mx.array(tiles)}])
 
 
 @pytest.mark.parametrize("edit, message", [
