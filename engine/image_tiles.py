@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from engine.errors import UnsupportedCheckpoint
+from engine.images import rescale_and_normalize
 
 AREA_CAP = 0.6  # a grid keeping this share of the image's area counts as keeping all of it
 NORMALIZATIONS = {"siglip": ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
@@ -119,14 +120,12 @@ class TilingProcessor:
         if image.mode != "RGB":
             image = image.convert("RGB")
         cols, rows = self.grid(image.width, image.height)
-        side = self.tile
-        canvas = np.asarray(image.resize((cols * side, rows * side), resample=_BICUBIC))
+        side, norm = self.tile, (self.mean, self.std)
+        canvas = rescale_and_normalize(np.asarray(image.resize((cols * side, rows * side), resample=_BICUBIC)),
+                                       1 / 255, norm)
         # [rows*S, cols*S, 3] -> [rows, cols, 3, S, S]: tile (r, c) is canvas[r*S:(r+1)*S, c*S:(c+1)*S]
         tiles = canvas.reshape(rows, side, cols, side, 3).transpose(0, 2, 4, 1, 3).reshape(rows * cols, 3, side, side)
         if self.use_thumbnail and rows * cols > 1:
-            thumbnail = np.asarray(image.resize((side, side), resample=_BICUBIC)).transpose(2, 0, 1)
-            tiles = np.concatenate([tiles, thumbnail[None]], axis=0)
-        pixels = (tiles.astype(np.float64) / 255.0).astype(np.float32)
-        mean = np.array(self.mean, np.float32)[None, :, None, None]
-        std = np.array(self.std, np.float32)[None, :, None, None]
-        return np.ascontiguousarray((pixels - mean) / std)
+            thumbnail = rescale_and_normalize(np.asarray(image.resize((side, side), resample=_BICUBIC)), 1 / 255, norm)
+            tiles = np.concatenate([tiles, thumbnail.transpose(2, 0, 1)[None]], axis=0)
+        return np.ascontiguousarray(tiles)
