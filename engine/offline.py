@@ -130,23 +130,30 @@ class Encoder(_Loaded):
             texts = [texts]
         p = normalization(normalize)
         check_dimensions(dimensions, self.info.n_embd)
-        token_lists = self.engine.tokenizer.encode_prompts(self._prompts(list(texts), prompt_name, instruction))
-        raw, n_tokens = self._embed(token_lists, batch_size)
+        if self.info.vision_language:  # the family builds every input itself, prompt included (engine/vlm.py)
+            self._prompts(list(texts), None, None)  # the same checks on what was given
+            raw, n_tokens = self._embed([[text] for text in texts], batch_size, prompt_name, instruction)
+        else:
+            token_lists = self.engine.tokenizer.encode_prompts(self._prompts(list(texts), prompt_name, instruction))
+            raw, n_tokens = self._embed(token_lists, batch_size)
         return Embedded(self._finish(raw, p, dimensions), n_tokens)
 
     def embed_images(self, images: Sequence[bytes | str | Path], *, normalize: bool | int = True,
-                     dimensions: int | None = None, batch_size: int | None = None) -> Embedded:
-        """Vectors for images (encoded bytes, or image file paths) with what each counts as (its patches), for
-        models that take images; a bad one raises InvalidImage naming it, as the server answers 400."""
+                     dimensions: int | None = None, batch_size: int | None = None, prompt_name: str | None = None,
+                     instruction: str | None = None) -> Embedded:
+        """Vectors for images (encoded bytes, or image file paths) with what each counts as (its tokens), for
+        models that take images; a bad one raises InvalidImage naming it, as the server answers 400.
+        prompt_name / instruction reach the families that build their own prompts (engine/vlm.py) only."""
         p = normalization(normalize)
         check_dimensions(dimensions, self.info.n_embd)
         inputs = [ImageInput.image(image if isinstance(image, bytes) else Path(image).read_bytes()) for image in images]
-        raw, n_tokens = self._embed(inputs, batch_size)
+        raw, n_tokens = self._embed(inputs, batch_size, prompt_name, instruction)
         return Embedded(self._finish(raw, p, dimensions), n_tokens)
 
-    def _embed(self, token_lists: list[list[int] | ImageInput],
-               batch_size: int | None) -> tuple[list[np.ndarray], list[int]]:
-        """Raw pooled vectors and token counts, in order."""
+    def _embed(self, token_lists: list[list[int] | list[str] | ImageInput], batch_size: int | None,
+               prompt_name: str | None = None, instruction: str | None = None) -> tuple[list[np.ndarray], list[int]]:
+        """Raw pooled vectors and token counts, in order. A vision-language family gets its inputs as prompts
+        (text or ImageInput) with the prompt choice; any other family token lists or ImageInputs."""
         if self.info.pooling is Pooling.NONE:
             raise InvalidInput("pooling 'none' gives one vector per token; Encoder returns one vector per text")
         chunk = SUBMIT_CHUNK if batch_size is None else batch_size
@@ -157,7 +164,9 @@ class Encoder(_Loaded):
         n_tokens: list[int] = []
         # the engine batches what it is given; handing it `chunk` texts at a time bounds a forward pass's rows
         for start in range(0, len(token_lists), chunk):
-            result = self.engine.embed(token_lists[start:start + chunk])
+            part = token_lists[start:start + chunk]
+            result = (self.engine.embed_prompts(part, prompt_name=prompt_name, instruction=instruction)
+                      if self.info.vision_language else self.engine.embed(part))
             vectors += result.vectors
             n_tokens += result.n_tokens
         return vectors, n_tokens
@@ -184,6 +193,13 @@ class Encoder(_Loaded):
             elif not text.strip():
                 errors[i] = "empty text"
         present = [i for i, error in enumerate(errors) if error is None]
+        vectors = np.zeros((len(texts), size), np.float32)
+        n_tokens = [0] * len(texts)
+        if self.info.vision_language:  # the family builds each row's prompt itself (engine/vlm.py)
+            found = self._embed_built_rows(texts, present, errors, batch_size, prompt_name, instruction)
+            for i, (vector, n) in found.items():
+                vectors[i], n_tokens[i] = self._finish([vector], p, dimensions)[0], n
+            return EncodedRows(vectors, errors, n_tokens)
         encoded = self.engine.tokenizer.encode_prompts(self._prompts([texts[i] for i in present], prompt_name,
                                                                      instruction))
         good: list[int] = []
@@ -197,14 +213,40 @@ class Encoder(_Loaded):
                 errors[i] = str(exc)
             else:
                 good.append(i)
-        vectors = np.zeros((len(texts), size), np.float32)
-        n_tokens = [0] * len(texts)
         if good:
             raw, counts = self._embed(token_lists, batch_size)
             vectors[good] = self._finish(raw, p, dimensions)
             for i, n in zip(good, counts):
                 n_tokens[i] = n
         return EncodedRows(vectors, errors, n_tokens)
+
+    def _embed_built_rows(self, texts: Sequence[str | None], rows: list[int], errors: list[str | None],
+                          batch_size: int | None, prompt_name: str | None,
+                          instruction: str | None) -> dict[int, tuple[np.ndarray, int]]:
+        """Raw vectors and token counts of these rows through the family's input builder, by row; a chunk that
+        fails is retried row by row so that only the bad rows carry an error."""
+        def run(group: list[int]) -> dict[int, tuple[np.ndarray, int]]:
+            result = self.engine.embed_prompts([[texts[i]] for i in group], prompt_name=prompt_name,
+                                               instruction=instruction)
+            return dict(zip(group, zip(result.vectors, result.n_tokens)))
+
+        chunk = min(SUBMIT_CHUNK if batch_size is None else max(batch_size, 1), self.engine.options.max_queue_items)
+        found: dict[int, tuple[np.ndarray, int]] = {}
+        for start in range(0, len(rows), chunk):
+            part = rows[start:start + chunk]
+            try:
+                found.update(run(part))
+                continue
+            except InvalidInput:
+                pass
+            for i in part:
+                try:
+                    found.update(run([i]))
+                except InputTooLong as exc:
+                    errors[i] = f"{exc} (--truncate cuts it instead)"
+                except InvalidInput as exc:
+                    errors[i] = str(exc)
+        return found
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Ray Data: `batch["text"]` -> the batch with an `embedding` column ([n, d] float32, L2-normalized).
@@ -251,6 +293,32 @@ class Reranker(_Loaded):
         """[{"index", "score"}] by score descending, ties by ascending index, the first top_n (None: all)."""
         scores, _ = self.score(query, documents, instruction=instruction)
         return ranking(scores, top_n)
+
+    def _embed_built_rows(self, texts: Sequence[str | None], rows: list[int], errors: list[str | None],
+                          batch_size: int | None, prompt_name: str | None,
+                          instruction: str | None) -> dict[int, tuple[np.ndarray, int]]:
+        """Raw vectors and token counts of these rows through the family's input builder, by row; a chunk that
+        fails is retried row by row so that only the bad rows carry an error."""
+        chunk = min(SUBMIT_CHUNK if batch_size is None else max(batch_size, 1), self.engine.options.max_queue_items)
+        found: dict[int, tuple[np.ndarray, int]] = {}
+        for start in range(0, len(rows), chunk):
+            part = rows[start:start + chunk]
+            for group in ([part] if len(part) == 1 else [part, *[[i] for i in part]]):
+                try:
+                    result = self.engine.embed_prompts([[texts[i]] for i in group], prompt_name=prompt_name,
+                                                       instruction=instruction)
+                except InputTooLong as exc:
+                    if len(group) == 1:
+                        errors[group[0]] = f"{exc} (--truncate cuts it instead)"
+                    continue
+                except InvalidInput as exc:
+                    if len(group) == 1:
+                        errors[group[0]] = str(exc)
+                    continue
+                found.update(zip(group, zip(result.vectors, result.n_tokens)))
+                if group is part:
+                    break
+        return found
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Ray Data: `batch["query"]`, `batch["document"]` -> the batch with a `score` column."""

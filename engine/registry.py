@@ -42,6 +42,8 @@ EMBEDDERS = {
     "siglip": {"", "SiglipModel", "SiglipTextModel"},
     # late interaction (multi-vector) on the Idefics3 / SmolVLM stack, as colpali-engine saves it
     "idefics3": {"ColIdefics3"},
+    # Qwen3-VL-Embedding: the VL export with a last-token pooling layout; inputs built by engine/vision/qwen3_vl.py
+    "qwen3_vl": {"", "Qwen3VLModel", "Qwen3VLForConditionalGeneration", "Qwen3VLForEmbedding"},
 }
 CROSS_ENCODERS = {
     "bert": "BertForSequenceClassification",
@@ -60,6 +62,7 @@ FAMILY_DEFAULT_POOLING = {"bert": Pooling.MEAN, "xlm_roberta": Pooling.MEAN, "mo
                           "nomic_bert": Pooling.MEAN, "gte": Pooling.MEAN}
 FAMILY_DEFAULT_POOLING["siglip"] = Pooling.LAST  # reported only: the towers pool at their own last position
 FAMILY_DEFAULT_POOLING["idefics3"] = Pooling.NONE  # multi-vector: one vector per token
+FAMILY_DEFAULT_POOLING["qwen3_vl"] = Pooling.LAST  # every input ends in the assistant header it is read at
 # Decoder backbones without 1_Pooling: a bidirectional embedding export (LLM2Vec, EmbeddingGemma) mean-pools,
 # a bare Qwen3Model export is Qwen3-Embedding (last token); any other decoder gets what llama-server gives a
 # decoder GGUF without a pooling type: none (one vector per token; --pooling picks another).
