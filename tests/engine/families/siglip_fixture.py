@@ -33,7 +33,7 @@ def build_tokenizer():
                                    model_max_length=TEXT_WIDTH)
 
 
-def _perturb(model, seed: int) -> None:
+def perturb_vectors(model, seed: int) -> None:
     """LayerNorms start at 1/0 and the probe is random: shift every 1-D parameter so a dropped one shows."""
     import torch
 
@@ -67,7 +67,7 @@ def make_checkpoint(folder: Path, seed: int = 0, text_only: bool = False) -> Pat
         model = SiglipTextModel(text).eval()
     else:
         model = SiglipModel(SiglipConfig(text_config=text.to_dict(), vision_config=vision.to_dict())).eval()
-    _perturb(model, seed)
+    perturb_vectors(model, seed)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     if not text_only:
@@ -96,7 +96,7 @@ def make_spiece_checkpoint(folder: Path, seed: int = 1) -> Path:
     text, _ = _configs(tokenizer.vocab_size)
     torch.manual_seed(seed)
     model = SiglipTextModel(text).eval()
-    _perturb(model, seed)
+    perturb_vectors(model, seed)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
