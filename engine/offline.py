@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from engine.errors import InvalidInput
-from engine.normalize import normalize_embedding
+from engine.errors import InputTooLong, InvalidInput
+from engine.normalize import check_dimensions, normalize_embedding
 from engine.service import Engine
-from engine.types import EngineOptions, ImageInput, ModelInfo, Pooling
+from engine.types import EngineOptions, ImageInput, ModelInfo, Pooling, RerankItem
 
 # Inputs handed to the engine at once: under its queue bound, large enough to sort by length and fill batches.
 SUBMIT_CHUNK = 1024
@@ -43,16 +43,6 @@ def normalization(normalize: bool | int) -> int:
     if isinstance(normalize, bool):
         return 2 if normalize else -1
     return int(normalize)
-
-
-def check_dimensions(dimensions: int | None, width: int) -> int:
-    """How many components to keep (Matryoshka): `dimensions`, checked against the model's width; None: all."""
-    if dimensions is None:
-        return width
-    if isinstance(dimensions, bool) or not isinstance(dimensions, (int, np.integer)) or not 1 <= dimensions <= width:
-        raise InvalidInput(f"dimensions must be an integer from 1 to {width} (the model's embedding width), "
-                           f"not {dimensions!r}")
-    return int(dimensions)
 
 
 class _Loaded:
@@ -184,8 +174,7 @@ class Encoder(_Loaded):
         """Like encode, but a bad row (missing or empty text, too long without truncation) is reported in
         `errors` instead of failing the others: what a corpus job needs."""
         p = normalization(normalize)
-        info, truncate = self.info, self.engine.options.truncate
-        size = check_dimensions(dimensions, info.n_embd)
+        size = check_dimensions(dimensions, self.info.n_embd)
         errors: list[str | None] = [None] * len(texts)
         for i, text in enumerate(texts):
             if text is None:
@@ -200,12 +189,14 @@ class Encoder(_Loaded):
         good: list[int] = []
         token_lists: list[list[int]] = []
         for i, ids in zip(present, encoded):
-            if len(ids) > info.max_input_tokens and not truncate:
-                errors[i] = (f"{len(ids)} tokens, over the model's limit of {info.max_input_tokens} "
-                             f"(--truncate cuts it instead)")
+            try:
+                token_lists.append(self.engine.fit(ids))
+            except InputTooLong as exc:
+                errors[i] = f"{exc} (--truncate cuts it instead)"
+            except InvalidInput as exc:
+                errors[i] = str(exc)
             else:
                 good.append(i)
-                token_lists.append(ids)
         vectors = np.zeros((len(texts), size), np.float32)
         n_tokens = [0] * len(texts)
         if good:
@@ -234,13 +225,14 @@ class Reranker(_Loaded):
     def kind(self) -> str:
         return self.info.kind
 
-    def score(self, query: str, documents: Sequence[str], *,
+    def score(self, query: RerankItem, documents: Sequence[RerankItem], *,
               instruction: str | None = None) -> tuple[np.ndarray, list[int]]:
-        """(scores in document order, tokens of each pair)."""
+        """(scores in document order, tokens of each pair). The query and the documents are strings, or (rerankers
+        that take images) ImageInput(encoded bytes, text beside the image)."""
         if not documents:
             raise InvalidInput("documents must not be empty")
-        if not isinstance(query, str) or not all(isinstance(d, str) for d in documents):
-            raise InvalidInput("the query and the documents must be strings")
+        if not all(isinstance(item, (str, ImageInput)) for item in (query, *documents)):
+            raise InvalidInput("the query and the documents must be strings (or ImageInput images)")
         result = self.engine.rerank(query, list(documents), instruction=instruction)
         return np.asarray(result.scores, dtype=np.float64), list(result.n_tokens)
 

@@ -35,6 +35,7 @@ from engine.types import (
     ImageInput,
     ModelInfo,
     Pooling,
+    RerankItem,
     RerankResult,
     Timings,
 )
@@ -183,6 +184,12 @@ class Engine:
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(self._known(ids))
 
+    def check_count(self, n_inputs: int) -> None:
+        """TooManyInputs when one request has more inputs than the engine queue can ever hold. embed, embed_prompts
+        and rerank check it before tokenizing or decoding; a server checks it before format_prompts and before
+        fetching images (the Encoder calls format_prompts on more texts than one submission holds)."""
+        self._worker.check_count(n_inputs)
+
     def _known(self, ids: Sequence[int]) -> Sequence[int]:
         """Ids in [0, n_vocab): the tokenizer library overflows (or invents text) on anything else."""
         if ids and (min(ids) < 0 or max(ids) >= self.tokenizer.n_vocab):
@@ -239,6 +246,7 @@ class Engine:
         the caller's thread, then embed them with any images among them. Vectors are not normalized (callers
         choose embd_normalize)."""
         self._require_embedder()
+        self.check_count(len(prompts))
         started = time.monotonic()
         texts = [i for i, prompt in enumerate(prompts) if not isinstance(prompt, ImageInput)]
         inputs: list = list(prompts)  # text prompts are replaced by their tokens below
@@ -257,6 +265,7 @@ class Engine:
         its input index.
         """
         info = self._require_embedder()
+        self.check_count(len(token_lists))
         cut = self.options.truncate if truncate is None else truncate
         started = time.monotonic()
         fitted = [self._image_work(i, item, info) if isinstance(item, ImageInput) else self._fit(item, info, cut)
@@ -287,17 +296,24 @@ class Engine:
             raise InvalidInput("this server runs a reranker (rank pooling): it serves /rerank, not embeddings")
         return info
 
-    def rerank(self, query: str, documents: Sequence[str], *, truncate: bool | None = None,
+    def rerank(self, query: RerankItem, documents: Sequence[RerankItem], *, truncate: bool | None = None,
                instruction: str | None = None, timeout_s: float = 3600) -> RerankResult:
         """Score every (query, document) pair; scores come back in document order.
 
-        `instruction` (generative rerankers only) overrides the server's <Instruct> text.
+        `instruction` (generative rerankers only) overrides the server's <Instruct> text. The query and the
+        documents are texts, or images (with any text beside them) for rerankers that take images.
         """
         info = self.info
         if not info.is_reranker:
             raise InvalidInput("this server runs an embedding model: start a reranker with --reranking")
         if instruction is not None and self._prompt is None:
             raise InvalidInput("'instruction' is only used by generative rerankers; this one is a cross-encoder")
+        self.check_count(len(documents))
+        labelled = [("query", query), *((f"document {i}", doc) for i, doc in enumerate(documents))]
+        images = [label for label, item in labelled if isinstance(item, ImageInput)]
+        if images and not info.takes_images:
+            raise InvalidInput(f"{images[0]} is an image, but this reranker "
+                               f"({info.architecture or info.model_type}) scores text only")
         cut = self.options.truncate if truncate is None else truncate
         started = time.monotonic()
         if self._prompt is not None:
@@ -336,6 +352,11 @@ class Engine:
         passes = {r.batch: r.inference_s for r in results}
         return results, Timings(queue_s=max((r.queue_s for r in results), default=0.0),
                                 inference_s=sum(passes.values()))
+
+    def fit(self, ids: list[int], truncate: bool | None = None) -> list[int]:
+        """One tokenized input as `embed` would take it: cut when `truncate` (None: the server's --truncate)
+        allows, else EmptyInput, InvalidTokens or InputTooLong, so a caller can check inputs one by one."""
+        return self._fit(ids, self._require_embedder(), self.options.truncate if truncate is None else truncate)
 
     def _fit(self, ids: list[int], info: ModelInfo, truncate: bool) -> list[int]:
         if not ids:

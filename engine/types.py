@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Union
 
 
 class Pooling(str, enum.Enum):
@@ -105,6 +106,10 @@ class ImageInput:
 
     data: bytes
     text: str = ""
+
+
+# The query or a document of a rerank: a text, or an image with any text beside it (rerankers that take images)
+RerankItem = Union[str, ImageInput]
 
 
 @dataclass

@@ -107,14 +107,13 @@ class Worker:
         """Queue every input of one request, or none of them (QueueFull)."""
         if not self.loaded.is_set() or self._runner is None:
             raise NotLoaded("the model is not loaded")
+        self.check_count(len(token_lists))
         now = time.monotonic()
         types = type_lists or [None] * len(token_lists)
         items = [WorkItem(ids=[], type_ids=None, deadline=deadline, n_tokens=ids.n_tokens, enqueued=now,
                           pixels=ids.pixels) if isinstance(ids, ImageWork) else
                  WorkItem(ids=ids, type_ids=t, deadline=deadline, n_tokens=len(ids), enqueued=now)
                  for ids, t in zip(token_lists, types)]
-        if len(items) > self._max_queue:
-            raise TooManyInputs(len(items), self._max_queue)
         with self._cond:
             if self._closed:
                 raise NotLoaded("the model has been unloaded")
@@ -126,6 +125,12 @@ class Worker:
             self._waiting.extend(items)
             self._cond.notify()
         return items
+
+    def check_count(self, n_inputs: int) -> None:
+        """Refuse for good a request with more inputs than the queue can ever hold (TooManyInputs); callers
+        check before tokenizing or decoding anything, so a huge request costs nothing."""
+        if n_inputs > self._max_queue:
+            raise TooManyInputs(n_inputs, self._max_queue)
 
     def join(self, timeout: float | None = None) -> None:
         """Wait until the engine thread has stopped serving (after close) and released the model."""

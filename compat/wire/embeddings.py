@@ -13,7 +13,7 @@ import numpy as np
 
 from compat.errors import bad_request
 from compat.wire.inputs import Prompt, parse_input_prompts
-from engine import normalize_embedding
+from engine import check_dimensions, normalize_embedding
 from engine.types import EmbedResult
 
 NO_INPUT = '"input" or "content" must be provided'
@@ -67,9 +67,7 @@ def parse_embeddings_request(body: dict[str, Any], *, oai_route: bool, default_n
     if instruction is not None and (not isinstance(instruction, str) or not instruction):
         raise bad_request(BAD_INSTRUCTION)
     dimensions = body.get("dimensions")
-    if dimensions is not None and (not isinstance(dimensions, int) or isinstance(dimensions, bool)
-                                   or not 1 <= dimensions <= width):
-        raise bad_request(f'"dimensions" must be an integer from 1 to {width} (the model\'s embedding width)')
+    check_dimensions(dimensions, width)
 
     model = body.get("model")
     return EmbeddingsRequest(prompts=prompts, oai=oai, encoding_format=encoding_format,

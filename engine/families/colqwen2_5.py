@@ -13,9 +13,8 @@ the projection embedding_proj_layer.*; an MLX conversion stores vision_tower.* a
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -23,8 +22,9 @@ import numpy as np
 
 from engine.errors import InvalidInput, UnsupportedCheckpoint
 from engine.families import qwen2
-from engine.families.qwen2_5_vl import TextModel, VisionArgs, VisionModel, rope_index, text_args
-from engine.images_qwen import QwenImage
+from engine.families.base import Trunk
+from engine.families.qwen2_5_vl import TextModel, VisionArgs, VisionModel, text_args
+from engine.families.qwen3_vl import Grid, rope_index
 
 DOCUMENT_PROMPT = ("<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>Describe the image.<|im_end|>"
                    "<|endoftext|>")
@@ -41,6 +41,15 @@ class ModelArgs:
     vision: VisionArgs
     image_token_id: int
     embedding_dim: int = 128
+
+    @property
+    def hidden_size(self) -> int:
+        """The width of what the model returns: one projected vector per token."""
+        return self.embedding_dim
+
+    @property
+    def max_position_embeddings(self) -> int:
+        return self.text.max_position_embeddings
 
     @classmethod
     def from_dict(cls, config: dict[str, Any]) -> ModelArgs:
@@ -61,8 +70,8 @@ class ModelArgs:
                    image_token_id=int(config.get("image_token_id", 151655)), embedding_dim=embedding_dim)
 
 
-class Model(nn.Module):
-    """Token ids [B, L] (image rows carrying their expanded placeholder) + images -> [B, L, 128] token vectors."""
+class Model(Trunk):
+    """Token ids [B, L] (image rows carrying their runs of <|image_pad|>) + the images' patches -> [B, L, 128]."""
 
     multi_vector = True
 
@@ -74,59 +83,48 @@ class Model(nn.Module):
         self.custom_text_proj = nn.Linear(args.text.hidden_size, args.embedding_dim)
 
     @property
-    def hidden_size(self) -> int:
-        return self.args.embedding_dim
+    def image_token_id(self) -> int:
+        return self.args.image_token_id
 
-    @property
-    def n_positions(self) -> int:
-        return self.args.text.max_position_embeddings
+    def image_token_count(self, grid: Grid) -> int:
+        """Decoder tokens one image of this patch grid becomes: one per merged block."""
+        return int(np.prod(grid)) // self.args.vision.spatial_merge_size ** 2
 
     def __call__(self, input_ids: mx.array, attention_mask: mx.array,
-                 images: Sequence[Sequence[QwenImage]] | None = None) -> mx.array:
-        """images[b]: row b's images in placeholder order (an empty list for a text row).
+                 token_type_ids: mx.array | None = None) -> mx.array:
+        """A text-only batch (the engine's plain path)."""
+        return self.forward(input_ids, attention_mask)
 
-        A batch without images uses sequential positions; otherwise each row gets its own M-RoPE positions
-        (a text row's are sequential over its real tokens, the same numbers).
-        """
-        x = self.model.embed(input_ids)
+    def forward(self, input_ids: mx.array, attention_mask: mx.array, patches: mx.array | None = None,
+                grids: Sequence[Grid] = ()) -> mx.array:
+        """ids and mask [B, L] (right or left padded); patches [N, C*T*P*P] of the images whose runs of image
+        tokens appear in the rows, in row-major order, with their (t, h, w) grids. Every row gets its own
+        M-RoPE positions (a text row's are its real tokens' sequential positions)."""
         ids, mask = np.array(input_ids), np.array(attention_mask)
-        if images and any(images):
-            x = self._place_images(x, ids, images)
-            positions = np.stack([rope_index(ids[b], mask[b], [image.grid_thw for image in images[b]],
-                                             self.args.image_token_id, self.args.vision.spatial_merge_size)
-                                  for b in range(len(ids))], axis=1)
-        else:
-            positions = np.broadcast_to(np.maximum(np.cumsum(mask != 0, axis=1) - 1, 0), (3, *ids.shape))
-        hidden = self.model.run(x, attention_mask, mx.array(positions.astype(np.int32)))
+        try:
+            positions = rope_index(ids, mask, grids, self.image_token_id, self.args.vision.spatial_merge_size)
+        except ValueError as exc:
+            raise InvalidInput(f"image placeholders: {exc}") from None
+        x = self.model.embed(input_ids)
+        if grids:
+            x = self._place_images(x, ids, patches, grids)
+        hidden = self.model.run(x, attention_mask, mx.array(positions))
         vectors = self.custom_text_proj(hidden)
         norms = mx.sqrt(mx.sum(vectors * vectors, axis=-1, keepdims=True))
         return vectors / mx.maximum(norms, 1e-12) * (attention_mask != 0)[..., None].astype(vectors.dtype)
 
-    def expand_image_tokens(self, ids: list[int], images: Sequence[QwenImage]) -> list[int]:
-        """Each single <|image_pad|> of a tokenized prompt grown to its image's token count, in order."""
-        pad = self.args.image_token_id
-        if ids.count(pad) != len(images):
-            raise InvalidInput(f"the prompt has {ids.count(pad)} image placeholders for {len(images)} images")
-        sizes = iter(image.n_tokens for image in images)
-        return [token for t in ids for token in ([t] * next(sizes) if t == pad else [t])]
-
-    def embed_image(self, image: QwenImage) -> mx.array:
-        """One image's merged features [n_tokens, hidden_size], the decoder's input at its placeholders."""
-        return self.visual(mx.array(image.pixel_values), image.grid_thw)
-
-    def _place_images(self, x: mx.array, ids: np.ndarray, images: Sequence[Sequence[QwenImage]]) -> mx.array:
+    def _place_images(self, x: mx.array, ids: np.ndarray, patches: mx.array, grids: Sequence[Grid]) -> mx.array:
+        """The images' merged features written over their placeholder tokens, one image through the tower at
+        a time (window layout and rotary positions are per image)."""
+        features, start = [], 0
+        for grid in grids:
+            count = int(np.prod(grid))
+            features.append(self.visual(patches[start:start + count], grid))
+            start += count
         batch, length, width = x.shape
-        slots, features = [], []
-        for b, row_images in enumerate(images):
-            placeholders = np.flatnonzero(ids[b] == self.args.image_token_id)
-            expected = sum(image.n_tokens for image in row_images)
-            if len(placeholders) != expected:
-                raise InvalidInput(f"row {b} has {len(placeholders)} image placeholder tokens for images of "
-                                   f"{expected} tokens")
-            slots.append(b * length + placeholders)
-            features.extend(self.embed_image(image) for image in row_images)
         flat = x.reshape(batch * length, width)
-        flat[mx.array(np.concatenate(slots).astype(np.int32))] = mx.concatenate(features).astype(x.dtype)
+        flat[mx.array(np.flatnonzero(ids.reshape(-1) == self.image_token_id).astype(np.int32))] = \
+            mx.concatenate(features).astype(x.dtype)
         return flat.reshape(batch, length, width)
 
     def sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:

@@ -9,7 +9,8 @@ listed in fullatt_block_indexes attend over the whole image. One image per call.
 
 Decoder: the Qwen2 blocks, each rotary frequency band reading one of three position axes (mrope_section): text
 tokens advance all three together, an image's tokens take (t, row, column) offsets from where the image starts,
-and the text after an image resumes at that start plus the image's larger side in blocks.
+and the text after an image resumes at that start plus the image's larger side in blocks (qwen3_vl.rope_index:
+the positions are Qwen2-VL's; Qwen3-VL differs only in how the bands are assigned).
 """
 from __future__ import annotations
 
@@ -239,39 +240,6 @@ class VisionModel(nn.Module):
 
 
 # -- decoder with M-RoPE -------------------------------------------------------------------------------------
-
-def rope_index(input_ids: np.ndarray, attention_mask: np.ndarray, grids: list[tuple[int, int, int]],
-               image_token_id: int, merge: int) -> np.ndarray:
-    """M-RoPE positions [3, L] of one row (padding positions are 0).
-
-    Real tokens are walked in order: a text token takes the next position on all three axes; a run of image
-    tokens (one image, the next grid) takes start + (t, row, column) of its merged blocks, and the text after it
-    continues from start + the larger of the image's block rows and columns.
-    """
-    real = np.flatnonzero(attention_mask)
-    ids = input_ids[real]
-    positions = np.zeros((3, len(real)), dtype=np.int64)
-    images = iter(grids)
-    i, current = 0, 0
-    while i < len(ids):
-        if ids[i] != image_token_id:
-            positions[:, i] = current
-            i, current = i + 1, current + 1
-            continue
-        t, h, w = next(images, (0, 0, 0))
-        bt, bh, bw = t, h // merge, w // merge
-        run = bt * bh * bw
-        if run == 0 or np.any(ids[i:i + run] != image_token_id) or i + run > len(ids):
-            raise InvalidInput("the image placeholder tokens do not match the images' sizes")
-        tt, hh, ww = np.meshgrid(np.arange(bt), np.arange(bh), np.arange(bw), indexing="ij")
-        positions[:, i:i + run] = current + np.stack([tt.reshape(-1), hh.reshape(-1), ww.reshape(-1)])
-        i, current = i + run, current + max(bh, bw)
-    if next(images, None) is not None:
-        raise InvalidInput("more images than image placeholders")
-    out = np.zeros((3, len(input_ids)), dtype=np.int64)
-    out[:, real] = positions
-    return out
-
 
 def mrope_tables(positions: mx.array, head_dim: int, theta: float, section: list[int]) -> tuple[mx.array, mx.array]:
     """positions [3, B, L] -> cos, sin [B, 1, L, head_dim]: frequency band j reads axis (section index of j) % 3."""

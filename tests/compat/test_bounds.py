@@ -94,6 +94,14 @@ def test_more_documents_than_the_client_batch_size_is_413(make_client):
     assert client.simulate_post("/rerank", json={"query": "q", "documents": ["a", "b"]}).status_code == 200
 
 
+def test_more_inputs_than_the_engine_queue_holds_is_413_before_any_work(make_client):
+    engine = FakeEngine(max_queue_items=2)
+    engine.format_prompts = engine.embed_prompts = None  # called, they would raise: the count is checked first
+    res = make_client("--embedding", engine=engine).simulate_post("/v1/embeddings", json={"input": ["a", "b", "c"]})
+    assert (res.status_code, res.json["error"]["message"]) == (
+        413, "this request has 3 inputs; the engine queue holds at most 2 (--max-queue-items)")
+
+
 def test_the_default_client_batch_size_refuses_20000_inputs_with_413(make_client):
     res = make_client("--embedding").simulate_post("/v1/embeddings", json={"input": ["x"] * 20000})
     assert res.status_code == 413 and "20000 inputs" in res.json["error"]["message"]

@@ -333,6 +333,21 @@ def test_a_request_larger_than_the_queue_is_refused_whole(minilm_path):
         eng.close()
 
 
+def test_too_many_inputs_is_refused_before_tokenizing(minilm_path, monkeypatch):
+    eng = start_engine(minilm_path, max_queue_items=2)
+    try:
+        def untouchable(*args, **kwargs):
+            raise AssertionError("tokenized a request that is refused by its count")
+
+        monkeypatch.setattr(eng.tokenizer, "encode_prompts", untouchable)
+        monkeypatch.setattr(eng.tokenizer, "encode", untouchable)
+        for call in (eng.embed_prompts, eng.embed):
+            with pytest.raises(TooManyInputs, match="3 inputs; the engine queue holds at most 2"):
+                call([["a"], ["b"], ["c"]])
+    finally:
+        eng.close()
+
+
 def test_queue_full_counts_inputs_already_waiting(minilm_path):
     eng = start_engine(minilm_path, max_queue_items=2, threads=1)  # one lane: the held pass holds the engine
     real = eng._worker._runner

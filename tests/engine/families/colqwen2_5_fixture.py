@@ -15,8 +15,7 @@ from pathlib import Path
 from tests.engine.families import qwen3_fixture
 from tests.engine.families.siglip_fixture import perturb_vectors
 
-SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
-            "<|video_pad|>"]
+VISION_SPECIALS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
 CORPUS = [
     "user Describe the image. What was the total revenue in 2023? Quarterly revenue grew twelve percent.",
     "A woman playing with her dog on a beach. The giant panda is a bear species endemic to China.",
@@ -43,7 +42,8 @@ def colpali_module(name: str, relative: str):
 
 
 def build_tokenizer():
-    return qwen3_fixture.build_tokenizer(SPECIALS, CORPUS, 500, extra_special_tokens={"image_token": "<|image_pad|>"})
+    return qwen3_fixture.build_tokenizer(VISION_SPECIALS, CORPUS, 500,
+                                         extra_special_tokens={"image_token": "<|image_pad|>"})
 
 
 def vl_config(tokenizer):

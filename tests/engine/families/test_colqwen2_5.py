@@ -47,14 +47,19 @@ def colpali(tmp_path_factory):
     return folder, reference, tokenizer, load_ours(folder)
 
 
+def expand(ids: list[int], model: colqwen2_5.Model, image) -> list[int]:
+    """The prompt's one <|image_pad|> grown to the image's token count."""
+    at = ids.index(model.image_token_id)
+    return ids[:at] + [model.image_token_id] * model.image_token_count(image.grid_thw) + ids[at + 1:]
+
+
 def our_inputs(folder: Path, tokenizer, model: colqwen2_5.Model):
     """Queries and pages as the family prompts them: ids per item, and each item's images."""
     processor = QwenImageProcessor.from_checkpoint(folder, 14, 2, 2, drop_alpha_first=True)
     items = [(tokenizer(colqwen2_5.QUERY_PREFIX + q + colqwen2_5.QUERY_SUFFIX)["input_ids"], []) for q in QUERIES]
     for i, (width, height, mode) in enumerate(PAGES):
         image = processor(page(width, height, mode, seed=i), max_pixels=10**7)
-        ids = model.expand_image_tokens(tokenizer(colqwen2_5.DOCUMENT_PROMPT)["input_ids"], [image])
-        items.append((ids, [image]))
+        items.append((expand(tokenizer(colqwen2_5.DOCUMENT_PROMPT)["input_ids"], model, image), [image]))
     return items
 
 
@@ -92,7 +97,9 @@ def run_padded(model: colqwen2_5.Model, items, rows: list[int]) -> list[np.ndarr
     mask = np.zeros_like(ids)
     for b, r in enumerate(rows):
         ids[b, :len(items[r][0])], mask[b, :len(items[r][0])] = items[r][0], 1
-    out = np.array(model(mx.array(ids), mx.array(mask), [items[r][1] for r in rows]))
+    images = [image for r in rows for image in items[r][1]]
+    patches = mx.array(np.concatenate([image.pixel_values for image in images])) if images else None
+    out = np.array(model.forward(mx.array(ids), mx.array(mask), patches, [image.grid_thw for image in images]))
     assert np.all(out[mask == 0] == 0)  # padding rows zeroed
     return [out[b, :len(items[r][0])] for b, r in enumerate(rows)]
 
@@ -170,7 +177,7 @@ def test_transformers_retrieval_export(tmp_path):
     processor = QwenImageProcessor.from_checkpoint(tmp_path, 14, 2, 2, drop_alpha_first=True)
     data = page(120, 100, "RGB", seed=5)
     image = processor(data, max_pixels=10**7)
-    doc = model.expand_image_tokens(tokenizer(colqwen2_5.DOCUMENT_PROMPT)["input_ids"], [image])
+    doc = expand(tokenizer(colqwen2_5.DOCUMENT_PROMPT)["input_ids"], model, image)
     query = tokenizer(QUERIES[0] + colqwen2_5.QUERY_SUFFIX)["input_ids"]
     ours = run_padded(model, [(query, []), (doc, [image])], [0, 1])
     pixels = transformers.Qwen2VLImageProcessorPil.from_pretrained(tmp_path)([Image.open(io.BytesIO(data))],
@@ -195,9 +202,7 @@ def test_unsupported_configs_and_bad_placeholders(colpali):
     items = our_inputs(folder, tokenizer, model)
     ids, images = items[2]
     short = ids.copy()
-    short.remove(model.args.image_token_id)  # one placeholder fewer than the image's tokens
-    with pytest.raises(InvalidInput, match="34 image placeholder tokens for images of 35 tokens"):
-        model(mx.array([short]), mx.ones((1, len(short)), dtype=mx.int32), [images])
-    with pytest.raises(InvalidInput, match="2 image placeholders for 1 images"):
-        pad = model.args.image_token_id
-        model.expand_image_tokens([pad, 0, pad], images)
+    short.remove(model.image_token_id)  # one placeholder fewer than the image's tokens
+    with pytest.raises(InvalidInput, match="a run of 34 image tokens for an image of 35 tokens"):
+        model.forward(mx.array([short]), mx.ones((1, len(short)), dtype=mx.int32),
+                      mx.array(images[0].pixel_values), [images[0].grid_thw])
