@@ -123,19 +123,22 @@ def _remote(url: str, policy: MediaPolicy) -> bytes:
 
 
 def image_input(label: str, prompt: Prompt, policy: MediaPolicy) -> ImageInput:
-    """One request input holding an image -> the engine's ImageInput (its bytes, and any text beside it).
+    """One request input holding images -> the engine's ImageInput: its text pieces and the images' bytes, in
+    the order the request gave them (how many images a request may hold is checked before, per request).
 
     label names the input in errors: "input 2", "query", "document 3"."""
-    images = [part for part in prompt if isinstance(part, MediaRef)]
-    if len(images) != 1:
-        raise bad_request(f"{label} has {len(images)} images; an input may hold one image")
     if any(not isinstance(part, (str, MediaRef)) for part in prompt):
         raise bad_request(f"{label}: token ids cannot be combined with an image")
-    try:
-        data = load(images[0].source, policy)
-    except ValueError as exc:
-        raise bad_request(f"{label}: {exc}") from None
-    return ImageInput(data=data, text="".join(part for part in prompt if isinstance(part, str)))
+    parts: list[str | bytes] = []
+    for part in prompt:
+        if isinstance(part, str):
+            parts.append(part)
+            continue
+        try:
+            parts.append(load(part.source, policy))
+        except ValueError as exc:
+            raise bad_request(f"{label}: {exc}") from None
+    return ImageInput(tuple(parts))
 
 
 def request_media_policy(prompts: list[Prompt], settings: Settings) -> MediaPolicy | None:

@@ -121,8 +121,9 @@ def rerank_documents(command: RerankCommand, out: TextIO) -> int:
                             "(or --query-image FILE, --image FILE)")
     query: RerankItem = command.query or ""
     if command.query_image is not None:
-        query = ImageInput(_read_image(command.query_image, "--query-image"), text=command.query or "")
-    documents: list[RerankItem] = [*command.document, *(ImageInput(_read_image(path)) for path in command.image)]
+        image = _read_image(command.query_image, "--query-image")
+        query = ImageInput((image, command.query) if command.query else (image,))
+    documents: list[RerankItem] = [*command.document, *(ImageInput.image(_read_image(path)) for path in command.image)]
     labels = [*command.document, *(f"[image] {path}" for path in command.image)]
     ref, name = model_ref(command, bundled_default=False)
     with Reranker(ref, **reranker_options(command)) as reranker:

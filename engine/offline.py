@@ -140,7 +140,7 @@ class Encoder(_Loaded):
         models that take images; a bad one raises InvalidImage naming it, as the server answers 400."""
         p = normalization(normalize)
         check_dimensions(dimensions, self.info.n_embd)
-        inputs = [ImageInput(image if isinstance(image, bytes) else Path(image).read_bytes()) for image in images]
+        inputs = [ImageInput.image(image if isinstance(image, bytes) else Path(image).read_bytes()) for image in images]
         raw, n_tokens = self._embed(inputs, batch_size)
         return Embedded(self._finish(raw, p, dimensions), n_tokens)
 
@@ -228,7 +228,7 @@ class Reranker(_Loaded):
     def score(self, query: RerankItem, documents: Sequence[RerankItem], *,
               instruction: str | None = None) -> tuple[np.ndarray, list[int]]:
         """(scores in document order, tokens of each pair). The query and the documents are strings, or (rerankers
-        that take images) ImageInput(encoded bytes, text beside the image)."""
+        that take images) an ImageInput (its text pieces and encoded images, in order)."""
         if not documents:
             raise InvalidInput("documents must not be empty")
         if not all(isinstance(item, (str, ImageInput)) for item in (query, *documents)):

@@ -31,7 +31,7 @@ def token_rows(ids: Sequence[int]) -> np.ndarray:
 def item_words(item: str | ImageInput) -> str:
     """What the fake scores an item by: its text, an image as one word naming its size before it."""
     if isinstance(item, ImageInput):
-        return f"[image:{len(item.data)}] {item.text}"
+        return " ".join(f"[image:{len(part)}]" if isinstance(part, bytes) else part for part in item.parts)
     return item
 
 

@@ -36,10 +36,10 @@ def test_image_documents_and_an_image_query_in_every_form(make_client, path):
                                            "documents": documents})
     assert res.status_code == 200, res.text
     call = engine.rerank_calls[-1]
-    image = ImageInput(PNG)
-    assert call["query"] == ImageInput(PNG, "revenue")
-    assert call["documents"] == ["a chart of revenue", ImageInput(PNG, "revenue"), image,
-                                 ImageInput(PNG, "revenue "), ImageInput(PNG, "revenue")]
+    image = ImageInput.image(PNG)
+    assert call["query"] == ImageInput((PNG, "revenue"))
+    assert call["documents"] == ["a chart of revenue", ImageInput((PNG, "revenue")), image,
+                                 ImageInput(("revenue ", PNG)), ImageInput((PNG, "revenue"))]
     scores = [pair_score(item_words(call["query"]), item_words(d)) for d in call["documents"]]
     assert {r["index"]: r["relevance_score"] for r in res.json["results"]} == dict(enumerate(scores))
 
@@ -69,7 +69,7 @@ def test_sources_follow_the_media_rules_and_errors_name_the_item(make_client, tm
     engine = vision_engine()
     client = make_client("--reranking", "--media-path", str(tmp_path / "allowed"), engine=engine)
     ok = client.simulate_post("/rerank", json={"query": "q", "documents": [{"image": "file://page.png"}]})
-    assert ok.status_code == 200 and engine.rerank_calls[-1]["documents"] == [ImageInput(PNG)]
+    assert ok.status_code == 200 and engine.rerank_calls[-1]["documents"] == [ImageInput.image(PNG)]
     for document, message in [
         ({"image": f"file://{tmp_path}/outside.png"}, f"document 1: file path is not allowed: {tmp_path}/outside.png "
                                                        "is outside --media-path"),

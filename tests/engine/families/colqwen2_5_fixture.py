@@ -12,10 +12,11 @@ import importlib.util
 import json
 from pathlib import Path
 
-from tests.engine.families import qwen3_fixture
 from tests.engine.families.siglip_fixture import perturb_vectors
+from tests.engine.helpers import byte_level_bpe
 
-VISION_SPECIALS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
+            "<|video_pad|>"]
 CORPUS = [
     "user Describe the image. What was the total revenue in 2023? Quarterly revenue grew twelve percent.",
     "A woman playing with her dog on a beach. The giant panda is a bear species endemic to China.",
@@ -42,8 +43,10 @@ def colpali_module(name: str, relative: str):
 
 
 def build_tokenizer():
-    return qwen3_fixture.build_tokenizer(VISION_SPECIALS, CORPUS, 500,
-                                         extra_special_tokens={"image_token": "<|image_pad|>"})
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast(tokenizer_object=byte_level_bpe(CORPUS, SPECIALS, 500), eos_token="<|im_end|>",
+                                   pad_token="<|endoftext|>", extra_special_tokens={"image_token": "<|image_pad|>"})
 
 
 def vl_config(tokenizer):
