@@ -12,8 +12,7 @@ import importlib.util
 import json
 from pathlib import Path
 
-from tests.engine.families.siglip_fixture import perturb_vectors
-from tests.engine.helpers import byte_level_bpe
+from tests.engine.helpers import byte_level_bpe, perturb_vectors
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
             "<|video_pad|>"]

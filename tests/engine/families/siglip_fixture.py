@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tests.engine.helpers import perturb_vectors
+
 CORPUS = [
     "a photo of a cat", "a photo of a dog", "two cats sleeping on a red sofa", "a diagram of a steam engine",
     "quarterly revenue grew twelve percent", "the giant panda is a bear species endemic to china",
@@ -31,17 +33,6 @@ def build_tokenizer():
     tok.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="</s>", pad_token="</s>", unk_token="<unk>",
                                    model_max_length=TEXT_WIDTH)
-
-
-def perturb_vectors(model, seed: int) -> None:
-    """LayerNorms start at 1/0 and the probe is random: shift every 1-D parameter so a dropped one shows."""
-    import torch
-
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for _, p in model.named_parameters():
-            if p.ndim == 1:
-                p.add_(torch.randn(p.shape, generator=gen) * 0.1)
 
 
 def _configs(vocab_size: int):
