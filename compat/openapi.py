@@ -56,11 +56,19 @@ def _schemas(settings: Settings) -> dict[str, Schema]:
     }
     usage = {"type": "object", "required": ["prompt_tokens", "total_tokens"],
              "properties": {"prompt_tokens": _INT, "total_tokens": _INT}}
-    document = {"anyOf": [_STRING, {"type": "object", "required": ["text"], "properties": {"text": _STRING}}]}
-    documents = {"type": "array", "minItems": 1, "items": document,
+    content_part = {"type": "object", "required": ["type"],
+                    "properties": {"type": {"enum": ["text", "image_url"]}, "text": _STRING, "image_url": {}}}
+    item = {"description": "a text; for rerankers that take images also {text, image | image_url} (a URL or "
+                           "{url}), an OpenAI content part or a list of them, or llama's {prompt_string, "
+                           "multimodal_data}: one image at most",
+            "anyOf": [_STRING, {"type": "object", "properties": {"text": _STRING, "image": {}, "image_url": {}}},
+                      content_part, {"type": "array", "minItems": 1, "items": content_part}, prompt_object]}
+    documents = {"type": "array", "minItems": 1, "items": item,
                  "description": f"at most {batch} (--max-client-batch-size, else 413)"}
     rerank_result = {"type": "object", "required": ["index", "relevance_score"],
-                     "properties": {"index": _INT, "relevance_score": _NUMBER_OR_NULL, "document": {"type": "object"}}}
+                     "properties": {"index": _INT, "relevance_score": _NUMBER_OR_NULL,
+                                    "document": {"type": ["object", "array"],
+                                                 "description": "{text} for a string, else the item as sent"}}}
     listed_model = {"type": "object", "required": ["id", "object"],
                     "properties": {"id": _STRING, "object": {"const": "model"}, "aliases": {"type": "array"},
                                    "tags": {"type": "array"}, "created": _INT, "owned_by": _STRING,
@@ -107,7 +115,7 @@ def _schemas(settings: Settings) -> dict[str, Schema]:
                            "`texts` key selects TEI's answer shape) is required. Ignored: priority, relevant_spans, "
                            "raw_scores, max_chunks_per_doc, max_tokens_per_doc, truncation_direction.",
             "properties": {
-                "query": _STRING, "documents": _nullable(documents), "texts": _nullable(documents),
+                "query": item, "documents": _nullable(documents), "texts": _nullable(documents),
                 "top_n": _nullable({"type": "integer", "minimum": 0}),
                 "return_documents": _nullable(_BOOL), "return_text": _nullable(_BOOL),
                 "truncate": _nullable(_BOOL), "instruction": _nullable(_STRING), "model": _MODEL,

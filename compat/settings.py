@@ -1015,9 +1015,14 @@ class RerankCommand(_ModelOptions):
         "model", help="a reranker: a folder in Hugging Face layout, a .gguf file, or an org/name repository of the "
                       "Hugging Face cache (-m or -hf is required)")
     query: str | None = option(None, flags=["-q", "--query"], metavar="TEXT", group="input",
-                               help="the query")
+                               help="the query (with --query-image: the text after its image)")
     document: list[str] = option([], flags=["-d", "--document"], kind="repeated", metavar="TEXT", group="input",
                                  help="a document to score; repeat for several")
+    image: list[str] = option([], flags=["--image"], kind="repeated", metavar="FILE", group="input",
+                              help="an image file to score as a document (rerankers that take images, e.g. "
+                                   "Qwen3-VL-Reranker); repeat for several; image documents follow the text ones")
+    query_image: str | None = option(None, flags=["--query-image"], metavar="FILE", group="input",
+                                     help="an image file as the query (rerankers that take images), -q's text after it")
     top_n: int | None = option(None, flags=["--top-n"], metavar="N", group="output",
                                help="rank only the N best documents (scores still list every document)")
     rerank_sigmoid: bool = shared_option("rerank_sigmoid")
@@ -1038,6 +1043,8 @@ _COMMAND_USAGE = {
                    "Embeds texts with the server's engine (same loader, pooling, normalization and batching), no "
                    "listener."],
     RerankCommand: ["usage: mlx-rerank [-m REF | -hf REPO] -q QUERY -d DOC [-d DOC ...] [options]",
+                    "       mlx-rerank [-m REF | -hf REPO] [-q QUERY] [--query-image FILE] [-d DOC ...] "
+                    "[--image FILE ...] [options]",
                     "",
                     "Scores documents against a query with the server's engine and its score contract."],
 }

@@ -15,8 +15,9 @@ import orjson
 
 from compat.settings import EmbedCommand, RerankCommand, SettingsError
 from compat.wire.rerank import ranked_indices
-from engine import DEFAULT_MODEL_NAME, Encoder, Reranker, default_model
+from engine import DEFAULT_MODEL_NAME, Encoder, ImageInput, Reranker, default_model
 from engine.errors import EngineError
+from engine.types import RerankItem
 
 __all__ = ["EngineError", "embed_texts", "rerank_documents"]
 
@@ -92,19 +93,26 @@ def embed_texts(command: EmbedCommand, out: TextIO) -> int:
     return 0
 
 
-def _read_image(path: str) -> bytes:
+def _read_image(path: str, flag: str = "--image") -> bytes:
     try:
         return Path(path).read_bytes()
     except OSError as exc:
-        raise SettingsError(f"--image {path}: {exc.strerror or exc}") from None
+        raise SettingsError(f"{flag} {path}: {exc.strerror or exc}") from None
 
 
 def rerank_documents(command: RerankCommand, out: TextIO) -> int:
-    if command.query is None or not command.document:
-        raise SettingsError("give a query and at least one document: -q QUERY -d DOC [-d DOC ...]")
+    if (command.query is None and command.query_image is None) or not (command.document or command.image):
+        raise SettingsError("give a query and at least one document: -q QUERY -d DOC [-d DOC ...] "
+                            "(or --query-image FILE, --image FILE)")
+    query: RerankItem = command.query or ""
+    if command.query_image is not None:
+        image = _read_image(command.query_image, "--query-image")
+        query = ImageInput((image, command.query) if command.query else (image,))
+    documents: list[RerankItem] = [*command.document, *(ImageInput.image(_read_image(path)) for path in command.image)]
+    labels = [*command.document, *(f"[image] {path}" for path in command.image)]
     ref, name = model_ref(command, bundled_default=False)
     with Reranker(ref, **command.engine_kwargs()) as reranker:
-        scores, n_tokens = reranker.score(command.query, command.document, instruction=command.instruction)
+        scores, n_tokens = reranker.score(query, documents, instruction=command.instruction)
         kind = reranker.kind
     order = ranked_indices(list(scores), command.top_n)
     if command.json_output:
@@ -113,8 +121,8 @@ def rerank_documents(command: RerankCommand, out: TextIO) -> int:
                          "prompt_tokens": sum(n_tokens)}).decode() + "\n")
         return 0
     for i, score in enumerate(scores):
-        out.write(f"score {i}: {score:.6f}   {_preview(command.document[i])}\n")
+        out.write(f"score {i}: {score:.6f}   {_preview(labels[i])}\n")
     out.write("\nranking:\n")
     for place, i in enumerate(order, 1):
-        out.write(f"{place:>4}. document {i}  {scores[i]:.6f}   {_preview(command.document[i])}\n")
+        out.write(f"{place:>4}. document {i}  {scores[i]:.6f}   {_preview(labels[i])}\n")
     return 0

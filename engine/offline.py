@@ -18,7 +18,7 @@ import numpy as np
 from engine.errors import InputTooLong, InvalidInput
 from engine.normalize import check_dimensions, normalize_embedding
 from engine.service import Engine
-from engine.types import EngineOptions, ImageInput, ModelInfo, Pooling
+from engine.types import EngineOptions, ImageInput, ModelInfo, Pooling, RerankItem
 
 # Inputs handed to the engine at once: under its queue bound, large enough to sort by length and fill batches.
 SUBMIT_CHUNK = 1024
@@ -140,7 +140,7 @@ class Encoder(_Loaded):
         models that take images; a bad one raises InvalidImage naming it, as the server answers 400."""
         p = normalization(normalize)
         check_dimensions(dimensions, self.info.n_embd)
-        inputs = [ImageInput(image if isinstance(image, bytes) else Path(image).read_bytes()) for image in images]
+        inputs = [ImageInput.image(image if isinstance(image, bytes) else Path(image).read_bytes()) for image in images]
         raw, n_tokens = self._embed(inputs, batch_size)
         return Embedded(self._finish(raw, p, dimensions), n_tokens)
 
@@ -225,13 +225,14 @@ class Reranker(_Loaded):
     def kind(self) -> str:
         return self.info.kind
 
-    def score(self, query: str, documents: Sequence[str], *,
+    def score(self, query: RerankItem, documents: Sequence[RerankItem], *,
               instruction: str | None = None) -> tuple[np.ndarray, list[int]]:
-        """(scores in document order, tokens of each pair)."""
+        """(scores in document order, tokens of each pair). The query and the documents are strings, or (rerankers
+        that take images) an ImageInput (its text pieces and encoded images, in order)."""
         if not documents:
             raise InvalidInput("documents must not be empty")
-        if not isinstance(query, str) or not all(isinstance(d, str) for d in documents):
-            raise InvalidInput("the query and the documents must be strings")
+        if not all(isinstance(item, (str, ImageInput)) for item in (query, *documents)):
+            raise InvalidInput("the query and the documents must be strings (or ImageInput images)")
         result = self.engine.rerank(query, list(documents), instruction=instruction)
         return np.asarray(result.scores, dtype=np.float64), list(result.n_tokens)
 

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from dataclasses import dataclass
+from collections.abc import Callable
 from types import ModuleType
 
 import mlx.core as mx
@@ -13,6 +15,7 @@ from engine.checkpoint import Checkpoint
 from engine.errors import UnsupportedCheckpoint
 from engine.families.base import is_bidirectional
 from engine.types import Pooling
+from engine.vlm import InputBuilder
 
 # config.json spellings that differ from our file names.
 MODEL_TYPE_ALIASES = {"xlm-roberta": "xlm_roberta", "siglip_text_model": "siglip", "mistral": "llama",
@@ -38,6 +41,8 @@ EMBEDDERS = {
     # gte-multilingual-base ships as NewForTokenClassification (its sparse-weight head); the trunk embeds
     "gte": {"", "NewModel", "NewForMaskedLM", "NewForTokenClassification"},
     "siglip": {"", "SiglipModel", "SiglipTextModel"},
+    # late interaction (multi-vector) on the Idefics3 / SmolVLM stack, as colpali-engine saves it
+    "idefics3": {"ColIdefics3"},
 }
 CROSS_ENCODERS = {
     "bert": "BertForSequenceClassification",
@@ -55,6 +60,7 @@ GENERATIVE_RERANKERS = {
 FAMILY_DEFAULT_POOLING = {"bert": Pooling.MEAN, "xlm_roberta": Pooling.MEAN, "modernbert": Pooling.MEAN,
                           "nomic_bert": Pooling.MEAN, "gte": Pooling.MEAN}
 FAMILY_DEFAULT_POOLING["siglip"] = Pooling.LAST  # reported only: the towers pool at their own last position
+FAMILY_DEFAULT_POOLING["idefics3"] = Pooling.NONE  # multi-vector: one vector per token
 # Decoder backbones without 1_Pooling: a bidirectional embedding export (LLM2Vec, EmbeddingGemma) mean-pools,
 # a bare Qwen3Model export is Qwen3-Embedding (last token); any other decoder gets what llama-server gives a
 # decoder GGUF without a pooling type: none (one vector per token; --pooling picks another).
@@ -79,6 +85,9 @@ class LoadedModel:
     image_size: int | None = None  # the square image side a vision tower takes; None: text only
     image_tokens: int = 0  # what one image counts as (its patches)
     projection: heads.Projection | None = None  # Dense modules applied after pooling
+    # vision-language families (engine/vlm.py): builds an input's prompt and images, (checkpoint, tokenizer) -> it
+    input_builder: Callable[..., InputBuilder] | None = None
+    multi_vector: bool = False  # one normalized vector per token (late interaction)
 
 
 def family_name(checkpoint: Checkpoint) -> str:
@@ -174,7 +183,16 @@ def load(checkpoint: Checkpoint, kind: str | None = None, dtype: str = "auto") -
         n_positions=trunk.n_positions, hidden_size=projection.out_dims if projection else trunk.hidden_size,
         fixed_width=getattr(trunk, "fixed_width", None), image_size=getattr(trunk, "image_size", None),
         image_tokens=getattr(trunk, "image_tokens", 0), projection=projection,
+        input_builder=_input_builder(name) if kind == EMBEDDER else None,
+        multi_vector=bool(getattr(model, "multi_vector", False)),
     )
+
+
+def _input_builder(family: str) -> Callable[..., InputBuilder] | None:
+    """A vision-language family's input builder: engine/vision/<family>.py's input_builder, if it has one."""
+    if importlib.util.find_spec(f"engine.vision.{family}") is None:
+        return None
+    return importlib.import_module(f"engine.vision.{family}").input_builder
 
 
 def _load_gguf(checkpoint: Checkpoint, kind: str, dtype: str) -> LoadedModel:

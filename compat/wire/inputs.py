@@ -154,6 +154,16 @@ def _subprompt(value: Any, takes_images: bool) -> Prompt:
     return parse_mixed_prompt(value)
 
 
+def parse_media_item(value: Any) -> Prompt | None:
+    """A content part, a list of content parts or llama's multimodal object as ONE prompt of text and images
+    (whatever the model takes: the caller checks); None when `value` is none of those forms."""
+    if isinstance(value, dict) and (_is_content_part(value) or "prompt_string" in value):
+        return _object_prompt(value, True)
+    if isinstance(value, list) and value and all(_is_content_part(part) for part in value):
+        return [_content_part(part, True) for part in value]
+    return None
+
+
 def has_media(prompt: Prompt) -> bool:
     return any(isinstance(part, MediaRef) for part in prompt)
 

@@ -171,16 +171,18 @@ class DecoderModel(nn.Module):
         return {kind: sequence_mask(attention_mask, args.causal, args.window(kind)) for kind in kinds}
 
     def __call__(self, input_ids: mx.array, attention_mask: mx.array) -> mx.array:
-        """Padded ids and mask [B, L] (left or right padding) -> final normed hidden states [B, L, D].
+        """Padded ids and mask [B, L] (left or right padding) -> final normed hidden states [B, L, D]."""
+        return self.decode(self.embed(input_ids), attention_mask)
 
-        Each layer kind (full / sliding) gets its mask and its rotary tables, built once per pass."""
+    def decode(self, x: mx.array, attention_mask: mx.array) -> mx.array:
+        """Input embeddings [B, L, D] (a vision-language family's, image features merged in) -> final normed
+        hidden states. Each layer kind (full / sliding) gets its mask and its rotary tables, built once per pass."""
         args = self.args
         positions = token_positions(attention_mask)
         kinds = set(args.layer_types)
         tables = {kind: rotary_tables(positions, rope_inverse_frequencies(args.head_dim, args.rope_of(kind)))
                   for kind in kinds}
         masks = self.layer_masks(attention_mask, kinds)
-        x = self.embed(input_ids)
         for layer in self.layers:
             x = layer(x, masks[layer.layer_type], *tables[layer.layer_type])
         return self.norm(x)

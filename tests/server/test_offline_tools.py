@@ -275,6 +275,21 @@ def test_mlx_rerank_sigmoid_and_text_output(rerank_server, capsys):
     assert "only used by generative rerankers" in capsys.readouterr().err
 
 
+def test_mlx_rerank_images_need_a_reranker_that_takes_them(tmp_path, capsys):
+    image = tmp_path / "page.png"
+    image.write_bytes(b"\x89PNG\r\n\x1a\n")
+    ce = str(ce_fixture_dir())
+    assert rerank_main(["-m", ce, "-q", QUERY, "-d", "x", "--image", str(image)]) == 1
+    assert ("error: document 1 is an image, but this reranker (BertForSequenceClassification) scores text only"
+            in capsys.readouterr().err)
+    assert rerank_main(["-m", ce, "--query-image", str(image), "-d", "x"]) == 1
+    assert "query is an image, but this reranker" in capsys.readouterr().err
+    assert rerank_main(["-m", ce, "-q", QUERY, "--image", str(tmp_path / "missing.png")]) == 1
+    assert f"--image {tmp_path / 'missing.png'}: No such file or directory" in capsys.readouterr().err
+    assert rerank_main(["-m", ce, "--image", str(image)]) == 1
+    assert "give a query and at least one document" in capsys.readouterr().err
+
+
 def test_console_scripts_are_declared_and_run():
     pyproject = (ROOT / "pyproject.toml").read_text()
     assert 'mlx-embed = "compat.cli:embed_main"' in pyproject and 'mlx-rerank = "compat.cli:rerank_main"' in pyproject

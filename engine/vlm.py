@@ -1,0 +1,78 @@
+"""Vision-language inputs: text pieces and images, in the order a request gave them, fed to a decoder family.
+
+The contract a family (model math in engine/families/<name>.py, named after its model_type) meets to embed
+such inputs:
+
+1. `engine/vision/<name>.py` defines `input_builder(checkpoint, tokenizer) -> InputBuilder` (the registry
+   finds it by that name; family files import only MLX, so the processor lives there). The builder owns the family's
+   prompt format and image processor. `build(parts, instruction)` turns an input's ordered parts (str text
+   pieces and decoded `PIL.Image.Image`s) into a `PreparedInput`: the token ids of the whole prompt, with each
+   image's placeholder already expanded to the run of image tokens the reference processor makes, and one
+   `PreparedImage` per image in prompt order (its preprocessed arrays, and how many of the ids it covers). It
+   runs on the request thread, never the engine thread; a text-only input goes through it too (the family
+   decides what a query looks like). `instruction` is the request's `instruction` (or the text of its
+   `prompt_name` / the default prompt); a builder whose `takes_instruction` is False never receives one (the
+   engine refuses it first). Raise `engine.images.InvalidImage` for an image the processor cannot take.
+2. The family file's `Model` (what registry.load builds) takes text-only batches as every family does,
+   `model(ids [B, L], mask [B, L], type_ids) -> [B, L, D]`, and inputs holding images through
+   `model.embed_with_images(ids [1, L], images: list[dict[str, mx.array]]) -> [1, L, D]`: one input per call
+   (DeepStack and M-RoPE positions are per sequence), its images' arrays in prompt order; the method runs the
+   vision tower and connector and scatters the features into the placeholder positions of the token
+   embeddings before the decoder. Pooling (last / mean / cls) and Dense heads stay the pipeline's.
+3. A late-interaction family sets `multi_vector = True` on its Model: both calls then return per-token vectors
+   with the family's projection and per-token L2 norm already applied ([B, L, d]); the engine serves it with
+   pooling none, trims padding rows and answers one [n_tokens, d] list per input (and MaxSim, engine/maxsim.py).
+
+The worker runs an input that holds images alone in its pass; text-only inputs batch as usual. Every image
+token counts: in the input's length (checked against the per-input limit, never truncated), the batch
+budget, `usage` and /metrics.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import mlx.core as mx
+import numpy as np
+
+if TYPE_CHECKING:
+    from PIL.Image import Image
+
+
+@dataclass(frozen=True)
+class PreparedImage:
+    """One image as the model's vision tower takes it: the processor's arrays (e.g. `pixel_values` [n_tiles,
+    C, H, W]) and the number of placeholder tokens of the prompt its features fill (the prompt may frame them
+    with more tokens of its own: tile markers, newlines; those count as text)."""
+
+    arrays: dict[str, np.ndarray]
+    n_tokens: int
+
+
+@dataclass(frozen=True)
+class PreparedInput:
+    """A vision-language input ready for the engine: the whole prompt's token ids, images expanded."""
+
+    ids: list[int]
+    images: tuple[PreparedImage, ...] = field(default=())
+
+    @property
+    def image_tokens(self) -> int:
+        return sum(image.n_tokens for image in self.images)
+
+
+class InputBuilder(ABC):
+    """A family's prompt format and image processor (see the module docstring)."""
+
+    takes_instruction: bool = False
+
+    @abstractmethod
+    def build(self, parts: Sequence[str | Image], instruction: str | None = None) -> PreparedInput:
+        """Ordered text pieces and decoded images -> token ids (images expanded) and the images' arrays."""
+
+
+def to_device(images: Sequence[PreparedImage]) -> list[dict[str, mx.array]]:
+    """The images' arrays as MLX arrays, in prompt order (what embed_with_images takes)."""
+    return [{name: mx.array(array) for name, array in image.arrays.items()} for image in images]
