@@ -1,6 +1,6 @@
 """The request body's nesting check against parsing the same body: both on ~1.5 MB bodies of the shapes clients
-send (plain texts, texts with quotes and brackets in them, token-id lists, one base64 image, content-part lists). Each figure
-is the best of --rounds; the check is printed as a ratio to orjson's parse of that body (the cost it adds).
+send (plain texts, texts with quotes and brackets in them, token-id lists, one base64 image, content-part
+lists). Each figure is the best of --rounds; the check is printed as a ratio to orjson's parse of that body.
 
     .venv/bin/python benchmarks/body_depth.py [--rounds 25]
 """

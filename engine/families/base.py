@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -225,7 +224,7 @@ def rotate(x: mx.array, cos: mx.array, sin: mx.array) -> mx.array:
     return x * cos + mx.concatenate([-x[..., half:], x[..., :half]], axis=-1) * sin
 
 
-def checked_layer_types(family: str, layer_types: Sequence[str], n_layers: int, kinds: Sequence[str],
+def checked_layer_types(family: str, layer_types: list[str] | tuple[str, ...], n_layers: int, kinds: tuple[str, ...],
                         window: int | None = None) -> list[str]:
     """`layer_types` as a list when it names one of `kinds` for each of the n_layers layers, and a sliding-attention
     layer has a `window` to slide; otherwise UnsupportedCheckpoint naming what is wrong."""
