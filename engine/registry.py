@@ -43,6 +43,8 @@ EMBEDDERS = {
     "siglip": {"", "SiglipModel", "SiglipTextModel"},
     # late interaction (multi-vector) on the Idefics3 / SmolVLM stack, as colpali-engine saves it
     "idefics3": {"ColIdefics3"},
+    # SigLIP tower + pixel shuffle + MLP connector + bidirectional Llama, mean-pooled (text and image inputs)
+    "llama_nemotron_vl": {"LlamaNemotronVLModel"},
 }
 CROSS_ENCODERS = {
     "bert": "BertForSequenceClassification",
@@ -61,6 +63,7 @@ FAMILY_DEFAULT_POOLING = {"bert": Pooling.MEAN, "xlm_roberta": Pooling.MEAN, "mo
                           "nomic_bert": Pooling.MEAN, "gte": Pooling.MEAN}
 FAMILY_DEFAULT_POOLING["siglip"] = Pooling.LAST  # reported only: the towers pool at their own last position
 FAMILY_DEFAULT_POOLING["idefics3"] = Pooling.NONE  # multi-vector: one vector per token
+FAMILY_DEFAULT_POOLING["llama_nemotron_vl"] = Pooling.MEAN  # its llm_config pools "avg"
 # Decoder backbones without 1_Pooling: a bidirectional embedding export (LLM2Vec, EmbeddingGemma) mean-pools,
 # a bare Qwen3Model export is Qwen3-Embedding (last token); any other decoder gets what llama-server gives a
 # decoder GGUF without a pooling type: none (one vector per token; --pooling picks another).
