@@ -13,6 +13,7 @@ import mlx.nn as nn
 from engine import heads, weights
 from engine.checkpoint import Checkpoint
 from engine.errors import UnsupportedCheckpoint
+from engine.families.base import is_bidirectional
 from engine.types import Pooling
 from engine.vlm import InputBuilder
 
@@ -209,17 +210,12 @@ def _load_gguf(checkpoint: Checkpoint, kind: str, dtype: str) -> LoadedModel:
                        hidden_size=projection.out_dims if projection else trunk.hidden_size, projection=projection)
 
 
-def is_bidirectional(config: dict) -> bool:
-    """A decoder trained without the causal mask (LLM2Vec / Nemotron-embed, EmbeddingGemma)."""
-    return (config.get("model_type") == "llama_bidirec" or config.get("is_causal") is False
-            or bool(config.get("use_bidirectional_attention")))
-
-
 def default_pooling(checkpoint: Checkpoint) -> Pooling:
     """The pooling used when neither --pooling nor 1_Pooling/config.json says."""
     name = family_name(checkpoint)
     if name not in DECODER_FAMILIES:
         return FAMILY_DEFAULT_POOLING.get(name, Pooling.MEAN)
-    if is_bidirectional(checkpoint.config):
+    config = checkpoint.config
+    if is_bidirectional(config.get("model_type"), config.get("is_causal"), config.get("use_bidirectional_attention")):
         return Pooling.MEAN
     return ARCHITECTURE_DEFAULT_POOLING.get(checkpoint.architecture, Pooling.NONE)
