@@ -37,8 +37,14 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 import numpy as np
 
+from engine.errors import InvalidInput, UnsupportedCheckpoint
+
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from PIL.Image import Image
+
+    from engine.tokenize import TextTokenizer
 
 
 @dataclass(frozen=True)
@@ -76,3 +82,23 @@ class InputBuilder(ABC):
 def to_device(images: Sequence[PreparedImage]) -> list[dict[str, mx.array]]:
     """The images' arrays as MLX arrays, in prompt order (what embed_with_images takes)."""
     return [{name: mx.array(array) for name, array in image.arrays.items()} for image in images]
+
+
+def encode_prompt(tokenizer: TextTokenizer, text: str, image_token: str, image_token_id: int,
+                  n_image_tokens: int) -> list[int]:
+    """A built prompt's token ids, refused when they hold other image tokens than the images' own (a caller's
+    text spelling the image token would otherwise take image features meant for other positions)."""
+    ids = tokenizer.encode(text)
+    if sum(1 for i in ids if i == image_token_id) != n_image_tokens:
+        raise InvalidInput(f"the text holds the image token {image_token}, which only an image may stand for")
+    return ids
+
+
+def check_prompt_tokens(folder: Path, tokenizer: TextTokenizer, markers: Sequence[str], image_token: str,
+                        image_token_id: int) -> None:
+    """Each marker a family's prompts use must be one token, and the image token the config's id."""
+    for token in markers:
+        if len(tokenizer.encode(token, add_special=False)) != 1:
+            raise UnsupportedCheckpoint(f"{folder}: the tokenizer has no single token {token}")
+    if tokenizer.encode(image_token, add_special=False) != [image_token_id]:
+        raise UnsupportedCheckpoint(f"{folder}: {image_token} is not the image token id {image_token_id} of config.json")

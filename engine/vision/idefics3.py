@@ -26,11 +26,11 @@ from pathlib import Path
 import numpy as np
 
 from engine.checkpoint import Checkpoint
-from engine.errors import InvalidInput, UnsupportedCheckpoint
+from engine.errors import UnsupportedCheckpoint
 from engine.families.idefics3 import ModelArgs
 from engine.images import InvalidImage, rescale_and_normalize
 from engine.tokenize import TextTokenizer
-from engine.vlm import InputBuilder, PreparedImage, PreparedInput
+from engine.vlm import InputBuilder, PreparedImage, PreparedInput, check_prompt_tokens, encode_prompt
 
 IMAGE, FAKE, GLOBAL, END = "<image>", "<fake_token_around_image>", "<global-img>", "<end_of_utterance>"
 QUERY_AUGMENTATION = END * 10
@@ -177,10 +177,7 @@ class Idefics3Inputs(InputBuilder):
         return PreparedInput(ids, tuple(images))
 
     def _ids(self, text: str, n_image_tokens: int) -> list[int]:
-        ids = self.tokenizer.encode(text)
-        if sum(1 for i in ids if i == self.image_token_id) != n_image_tokens:
-            raise InvalidInput(f"the text holds the image token {IMAGE}, which only an image may stand for")
-        return ids
+        return encode_prompt(self.tokenizer, text, IMAGE, self.image_token_id, n_image_tokens)
 
 
 def input_builder(checkpoint: Checkpoint, tokenizer: TextTokenizer) -> Idefics3Inputs:
@@ -194,11 +191,7 @@ def input_builder(checkpoint: Checkpoint, tokenizer: TextTokenizer) -> Idefics3I
     if declared is not None and declared != args.tokens_per_tile:
         raise UnsupportedCheckpoint(f"{checkpoint.path}: image_seq_len {declared} in processor_config.json, but "
                                     f"the model makes {args.tokens_per_tile} tokens per tile")
-    for token in (IMAGE, FAKE, GLOBAL, END):
-        if len(tokenizer.encode(token, add_special=False)) != 1:
-            raise UnsupportedCheckpoint(f"{checkpoint.path}: the tokenizer has no single token {token}")
-    if tokenizer.encode(IMAGE, add_special=False) != [args.image_token_id]:
-        raise UnsupportedCheckpoint(f"{checkpoint.path}: {IMAGE} is not image_token_id {args.image_token_id}")
+    check_prompt_tokens(checkpoint.path, tokenizer, (IMAGE, FAKE, GLOBAL, END), IMAGE, args.image_token_id)
     return Idefics3Inputs(processor, tokenizer, args)
 
 

@@ -70,7 +70,7 @@ def test_grid_choice_follows_the_seed():
 def test_model_reads_the_published_layout(loaded):
     model = loaded.model
     assert loaded.family == "llama_nemotron_vl" and loaded.hidden_size == 64
-    assert model.tokens_per_tile == fx.TOKENS_PER_TILE and model.image_size == fx.TILE
+    assert model.tokens_per_tile == fx.TOKENS_PER_TILE and model.tile_size == fx.TILE
     assert "head" not in model.vision_model.vision_model  # SigLIP's pooling head is dropped at load
 
 
@@ -144,3 +144,14 @@ def test_unsupported_configs_are_refused_by_name(built, edit, message):
         config[key] = {**config[key], **value} if isinstance(value, dict) else value
     with pytest.raises(UnsupportedCheckpoint, match=message):
         family.ModelArgs.from_dict(config)
+
+
+def test_detected_as_an_embedder_and_named_in_errors(built):
+    ckpt = checkpoint.read(built[0])
+    assert registry.kind_of(ckpt) == registry.EMBEDDER
+    assert registry.default_pooling(ckpt).value == "mean"
+    wrong = checkpoint.Checkpoint(path=built[0], config={**ckpt.config, "architectures": ["LlamaNemotronVLForCausalLM"]})
+    with pytest.raises(UnsupportedCheckpoint, match="supported: LlamaNemotronVLModel"):
+        registry.kind_of(wrong)
+    with pytest.raises(UnsupportedCheckpoint, match="llama_nemotron_vl"):
+        registry.kind_of(checkpoint.Checkpoint(path=built[0], config={"model_type": "internvl_chat"}))
