@@ -79,6 +79,15 @@ class Embedded:
 
 
 @dataclass
+class TokenVectors:
+    """`Encoder.embed_token_vectors`' answer: a multi-vector model's float32 [n_tokens, d] rows per input (each
+    row L2-normalized by the model) and each input's token count (image tokens included)."""
+
+    rows: list[np.ndarray]
+    n_tokens: list[int]
+
+
+@dataclass
 class EncodedRows:
     """Per-row results of `Encoder.encode_rows`: a failed row has an error, a zero vector and 0 tokens."""
 
@@ -130,12 +139,12 @@ class Encoder(_Loaded):
             texts = [texts]
         p = normalization(normalize)
         check_dimensions(dimensions, self.info.n_embd)
-        if self.info.vision_language:  # the family builds every input itself, prompt included (engine/vlm.py)
-            self._prompts(list(texts), None, None)  # the same checks on what was given
-            raw, n_tokens = self._embed([[text] for text in texts], batch_size, prompt_name, instruction)
-        else:
-            token_lists = self.engine.tokenizer.encode_prompts(self._prompts(list(texts), prompt_name, instruction))
-            raw, n_tokens = self._embed(token_lists, batch_size)
+        if self.info.vision_language:  # the family formats its texts itself (engine/vlm.py)
+            self._one_vector_per_input()
+            raw, n_tokens = self._embed_prompts([[text] for text in texts], batch_size, prompt_name, instruction)
+            return Embedded(self._finish(raw, p, dimensions), n_tokens)
+        token_lists = self.engine.tokenizer.encode_prompts(self._prompts(list(texts), prompt_name, instruction))
+        raw, n_tokens = self._embed(token_lists, batch_size)
         return Embedded(self._finish(raw, p, dimensions), n_tokens)
 
     def embed_images(self, images: Sequence[bytes | str | Path], *, normalize: bool | int = True,
@@ -146,30 +155,46 @@ class Encoder(_Loaded):
         prompt_name / instruction reach the families that build their own prompts (engine/vlm.py) only."""
         p = normalization(normalize)
         check_dimensions(dimensions, self.info.n_embd)
-        inputs = [ImageInput.image(image if isinstance(image, bytes) else Path(image).read_bytes()) for image in images]
-        raw, n_tokens = self._embed(inputs, batch_size, prompt_name, instruction)
+        self._one_vector_per_input()
+        raw, n_tokens = self._embed_prompts(_image_inputs(images), batch_size, prompt_name, instruction)
         return Embedded(self._finish(raw, p, dimensions), n_tokens)
 
-    def _embed(self, token_lists: list[list[int] | list[str] | ImageInput], batch_size: int | None,
-               prompt_name: str | None = None, instruction: str | None = None) -> tuple[list[np.ndarray], list[int]]:
-        """Raw pooled vectors and token counts, in order. A vision-language family gets its inputs as prompts
-        (text or ImageInput) with the prompt choice; any other family token lists or ImageInputs."""
+    def embed_token_vectors(self, texts: Sequence[str] = (), images: Sequence[bytes | str | Path] = (), *,
+                            batch_size: int | None = None) -> TokenVectors:
+        """A multi-vector (late-interaction) model's token vectors: texts, then images (encoded bytes or file
+        paths), one [n_tokens, d] array each; score them with engine.maxsim."""
+        if not self.info.multi_vector:
+            raise InvalidInput("this model gives one vector per input: use embed / embed_images")
+        rows, n_tokens = self._embed_prompts([*([text] for text in texts), *_image_inputs(images)], batch_size)
+        return TokenVectors(rows, n_tokens)
+
+    def _one_vector_per_input(self) -> None:
+        if self.info.multi_vector:
+            raise InvalidInput("this model is multi-vector (one vector per token): use embed_token_vectors")
         if self.info.pooling is Pooling.NONE:
             raise InvalidInput("pooling 'none' gives one vector per token; Encoder returns one vector per text")
+
+    def _chunks(self, n: int, batch_size: int | None) -> list[slice]:
+        """The engine batches what it is given; handing it `chunk` inputs at a time bounds a pass's rows."""
         chunk = SUBMIT_CHUNK if batch_size is None else batch_size
         if chunk < 1:
             raise InvalidInput(f"batch_size must be at least 1, not {batch_size}")
         chunk = min(chunk, self.engine.options.max_queue_items)
-        vectors: list[np.ndarray] = []
-        n_tokens: list[int] = []
-        # the engine batches what it is given; handing it `chunk` texts at a time bounds a forward pass's rows
-        for start in range(0, len(token_lists), chunk):
-            part = token_lists[start:start + chunk]
-            result = (self.engine.embed_prompts(part, prompt_name=prompt_name, instruction=instruction)
-                      if self.info.vision_language else self.engine.embed(part))
-            vectors += result.vectors
-            n_tokens += result.n_tokens
-        return vectors, n_tokens
+        return [slice(start, start + chunk) for start in range(0, n, chunk)]
+
+    def _embed(self, token_lists: list[list[int]], batch_size: int | None) -> tuple[list[np.ndarray], list[int]]:
+        """Raw pooled vectors and token counts, in order."""
+        self._one_vector_per_input()
+        results = [self.engine.embed(token_lists[part]) for part in self._chunks(len(token_lists), batch_size)]
+        return [v for r in results for v in r.vectors], [n for r in results for n in r.n_tokens]
+
+    def _embed_prompts(self, prompts: list[list[str] | ImageInput], batch_size: int | None,
+                       prompt_name: str | None = None,
+                       instruction: str | None = None) -> tuple[list[np.ndarray], list[int]]:
+        """Raw vectors (or rows) and token counts of text prompts and images, through engine.embed_prompts."""
+        results = [self.engine.embed_prompts(prompts[part], prompt_name=prompt_name, instruction=instruction)
+                   for part in self._chunks(len(prompts), batch_size)]
+        return [v for r in results for v in r.vectors], [n for r in results for n in r.n_tokens]
 
     def _finish(self, raw: Sequence[np.ndarray], p: int, dimensions: int | None) -> np.ndarray:
         """Keep the first `dimensions` components, then normalize as llama's embd_normalize `p` does."""
@@ -196,6 +221,7 @@ class Encoder(_Loaded):
         vectors = np.zeros((len(texts), size), np.float32)
         n_tokens = [0] * len(texts)
         if self.info.vision_language:  # the family builds each row's prompt itself (engine/vlm.py)
+            self._one_vector_per_input()
             found = self._embed_built_rows(texts, present, errors, batch_size, prompt_name, instruction)
             for i, (vector, n) in found.items():
                 vectors[i], n_tokens[i] = self._finish([vector], p, dimensions)[0], n
@@ -230,16 +256,14 @@ class Encoder(_Loaded):
                                                instruction=instruction)
             return dict(zip(group, zip(result.vectors, result.n_tokens)))
 
-        chunk = min(SUBMIT_CHUNK if batch_size is None else max(batch_size, 1), self.engine.options.max_queue_items)
         found: dict[int, tuple[np.ndarray, int]] = {}
-        for start in range(0, len(rows), chunk):
-            part = rows[start:start + chunk]
+        for part in self._chunks(len(rows), batch_size):
             try:
-                found.update(run(part))
+                found.update(run(rows[part]))
                 continue
             except InvalidInput:
                 pass
-            for i in part:
+            for i in rows[part]:
                 try:
                     found.update(run([i]))
                 except InputTooLong as exc:
@@ -299,25 +323,25 @@ class Reranker(_Loaded):
                           instruction: str | None) -> dict[int, tuple[np.ndarray, int]]:
         """Raw vectors and token counts of these rows through the family's input builder, by row; a chunk that
         fails is retried row by row so that only the bad rows carry an error."""
-        chunk = min(SUBMIT_CHUNK if batch_size is None else max(batch_size, 1), self.engine.options.max_queue_items)
+        def run(group: list[int]) -> dict[int, tuple[np.ndarray, int]]:
+            result = self.engine.embed_prompts([[texts[i]] for i in group], prompt_name=prompt_name,
+                                               instruction=instruction)
+            return dict(zip(group, zip(result.vectors, result.n_tokens)))
+
         found: dict[int, tuple[np.ndarray, int]] = {}
-        for start in range(0, len(rows), chunk):
-            part = rows[start:start + chunk]
-            for group in ([part] if len(part) == 1 else [part, *[[i] for i in part]]):
+        for part in self._chunks(len(rows), batch_size):
+            try:
+                found.update(run(rows[part]))
+                continue
+            except InvalidInput:
+                pass
+            for i in rows[part]:
                 try:
-                    result = self.engine.embed_prompts([[texts[i]] for i in group], prompt_name=prompt_name,
-                                                       instruction=instruction)
+                    found.update(run([i]))
                 except InputTooLong as exc:
-                    if len(group) == 1:
-                        errors[group[0]] = f"{exc} (--truncate cuts it instead)"
-                    continue
+                    errors[i] = f"{exc} (--truncate cuts it instead)"
                 except InvalidInput as exc:
-                    if len(group) == 1:
-                        errors[group[0]] = str(exc)
-                    continue
-                found.update(zip(group, zip(result.vectors, result.n_tokens)))
-                if group is part:
-                    break
+                    errors[i] = str(exc)
         return found
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -325,6 +349,10 @@ class Reranker(_Loaded):
         out = dict(batch)
         out["score"] = self.predict(list(zip(batch["query"], batch["document"])))
         return out
+
+
+def _image_inputs(images: Sequence[bytes | str | Path]) -> list[ImageInput]:
+    return [ImageInput.image(image if isinstance(image, bytes) else Path(image).read_bytes()) for image in images]
 
 
 def ranking(scores: Sequence[float], top_n: int | None = None) -> list[dict[str, Any]]:
