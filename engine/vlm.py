@@ -37,6 +37,8 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 import numpy as np
 
+from engine.errors import InvalidInput, UnsupportedCheckpoint
+
 if TYPE_CHECKING:
     from PIL.Image import Image
 
@@ -71,6 +73,60 @@ class InputBuilder(ABC):
     @abstractmethod
     def build(self, parts: Sequence[str | Image], instruction: str | None = None) -> PreparedInput:
         """Ordered text pieces and decoded images -> token ids (images expanded) and the images' arrays."""
+
+
+class RetrieverInputs(InputBuilder):
+    """colpali-engine's prompt recipe, shared by its retrievers (ColIdefics3, ColQwen2.5). An input of text only
+    is a query: query_prefix + text + query_suffix (augmentation tokens that give MaxSim more vectors). An input
+    holding images is a document: document_prefix, its parts in order (each image as the run of image tokens
+    image() makes), document_text when the input has no text of its own, document_suffix; the whole text is
+    tokenized at once, as the reference processors do."""
+
+    query_prefix = ""
+    query_suffix: str
+    document_prefix: str
+    document_text: str
+    document_suffix: str
+    image_token: str
+
+    def __init__(self, tokenizer, image_token_id: int):
+        self.tokenizer = tokenizer
+        self.image_token_id = image_token_id
+
+    @abstractmethod
+    def image(self, image: Image) -> tuple[PreparedImage, str]:
+        """One decoded image -> its arrays and the prompt text that stands for it."""
+
+    def build(self, parts: Sequence[str | Image], instruction: str | None = None) -> PreparedInput:
+        texts = [part for part in parts if isinstance(part, str)]
+        if len(texts) == len(parts):
+            return PreparedInput(self._ids(self.query_prefix + "".join(texts) + self.query_suffix, 0))
+        images, pieces = [], []
+        for part in parts:
+            if isinstance(part, str):
+                pieces.append(part)
+                continue
+            prepared, piece = self.image(part)
+            images.append(prepared)
+            pieces.append(piece)
+        body = "".join(pieces) if "".join(texts).strip() else "".join(pieces) + self.document_text
+        ids = self._ids(self.document_prefix + body + self.document_suffix, sum(i.n_tokens for i in images))
+        return PreparedInput(ids, tuple(images))
+
+    def _ids(self, text: str, n_image_tokens: int) -> list[int]:
+        ids = self.tokenizer.encode(text)
+        if sum(1 for i in ids if i == self.image_token_id) != n_image_tokens:
+            raise InvalidInput(f"the text holds the image token {self.image_token}, which only an image may stand for")
+        return ids
+
+
+def check_tokens(where: object, tokenizer, tokens: Sequence[str], image_token: str, image_token_id: int) -> None:
+    """A builder's prompt tokens must each be one token of the checkpoint's tokenizer, its image token the model's."""
+    for token in tokens:
+        if len(tokenizer.encode(token, add_special=False)) != 1:
+            raise UnsupportedCheckpoint(f"{where}: the tokenizer has no single token {token}")
+    if tokenizer.encode(image_token, add_special=False) != [image_token_id]:
+        raise UnsupportedCheckpoint(f"{where}: {image_token} is not image_token_id {image_token_id}")
 
 
 def to_device(images: Sequence[PreparedImage]) -> list[dict[str, mx.array]]:
