@@ -183,6 +183,9 @@ _EMBED = {"post": {"summary": "embeddings in llama-server's shape", "requestBody
 _RERANK = {"post": {"summary": "rerank documents (llama-server / Jina / Cohere v1; TEI's bare array when the body "
                                "has `texts`)", "requestBody": _body("RerankRequest"),
                     "responses": _ok(_one_of("Rerank", "TeiRerank"))}}
+_MAXSIM = {"post": {"summary": "a multi-vector model's MaxSim scores of the query against each document, in the "
+                               "rerank routes' shapes (400 for any other model)", "requestBody": _body("RerankRequest"),
+                    "responses": _ok(_one_of("Rerank", "TeiRerank"))}}
 _HEALTH = {"get": {"summary": "readiness: 200 when serving, 503 while loading or draining",
                    "responses": _ok(_ref("Health"))}}
 _MODELS = {"get": {"summary": "the served models", "parameters": [_RELOAD_QUERY],
@@ -203,6 +206,8 @@ _OPERATIONS: dict[str, dict[str, Schema]] = {
     "/embedding": _EMBED,
     "/embeddings": _EMBED,
     **{path: _RERANK for path in ("/rerank", "/reranking", "/v1/rerank", "/v1/reranking")},
+    "/maxsim": _MAXSIM,
+    "/v1/maxsim": _MAXSIM,
     "/v2/rerank": {"post": {"summary": "rerank documents (Cohere v2)", "requestBody": _body("RerankRequest"),
                             "responses": _ok(_ref("CohereV2Rerank"))}},
     "/tokenize": {"post": {"summary": "text to token ids", "requestBody": _body("TokenizeRequest"),

@@ -42,19 +42,6 @@ def model_ref(command: EmbedCommand | RerankCommand, *, bundled_default: bool) -
     return bundled, DEFAULT_MODEL_NAME
 
 
-def encoder_options(command: EmbedCommand) -> dict[str, Any]:
-    """The engine options the command line sets, through the server's own conversion (Settings.engine_options)."""
-    opts = command.engine_settings().engine_options(None)
-    return {name: getattr(opts, name) for name in ("offline", "pooling", "ubatch_tokens", "truncate",
-                                                   "max_batch_tokens", "max_seq", "threads")}
-
-
-def reranker_options(command: RerankCommand) -> dict[str, Any]:
-    opts = command.engine_settings().engine_options(None)
-    return {name: getattr(opts, name) for name in ("offline", "ubatch_tokens", "truncate", "max_seq", "threads",
-                                                   "rerank_sigmoid")}
-
-
 def _json(value: Any) -> bytes:
     return orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY)
 
@@ -80,12 +67,10 @@ def embed_texts(command: EmbedCommand, out: TextIO) -> int:
                             "--output OUT.parquet")
     images = [_read_image(path) for path in command.image]
     ref, name = model_ref(command, bundled_default=True)
-    with Encoder(ref, **encoder_options(command)) as encoder:
+    with Encoder(ref, **command.engine_kwargs()) as encoder:
         parts = []
         if command.prompt:
-            parts.append(encoder.embed(command.prompt, normalize=command.embd_normalize, dimensions=command.dimensions,
-                                       prompt_name=command.prompt_name, instruction=command.instruction,
-                                       batch_size=command.batch_size or None))
+            parts.append(encoder.embed(command.prompt, **command.encode_kwargs()))
         if images:
             parts.append(encoder.embed_images(images, normalize=command.embd_normalize, dimensions=command.dimensions,
                                               batch_size=command.batch_size or None))
@@ -126,7 +111,7 @@ def rerank_documents(command: RerankCommand, out: TextIO) -> int:
     documents: list[RerankItem] = [*command.document, *(ImageInput.image(_read_image(path)) for path in command.image)]
     labels = [*command.document, *(f"[image] {path}" for path in command.image)]
     ref, name = model_ref(command, bundled_default=False)
-    with Reranker(ref, **reranker_options(command)) as reranker:
+    with Reranker(ref, **command.engine_kwargs()) as reranker:
         scores, n_tokens = reranker.score(query, documents, instruction=command.instruction)
         kind = reranker.kind
     order = ranked_indices(list(scores), command.top_n)

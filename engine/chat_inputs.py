@@ -12,7 +12,7 @@ from jinja2 import TemplateError
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from engine.checkpoint import Checkpoint
+from engine.checkpoint import Checkpoint, special_token_text
 from engine.errors import InvalidInput, UnsupportedCheckpoint
 
 # What sentence-transformers looks for in a template to decide that message content is a list of typed parts.
@@ -33,12 +33,6 @@ def chat_template(checkpoint: Checkpoint) -> str | None:
         named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
         template = named.get("default")
     return template if isinstance(template, str) and template else None
-
-
-def _token_text(value: Any) -> str | None:
-    if isinstance(value, dict):  # a serialized AddedToken
-        value = value.get("content")
-    return value if isinstance(value, str) else None
 
 
 def _raise_exception(message: str) -> None:
@@ -76,7 +70,7 @@ class ChatInputs:
         self.structured = fmt == "structured"
         specials = {**checkpoint.tokenizer_config, **checkpoint.special_tokens}
         self._variables: dict[str, Any] = {key: text for key in _SPECIAL_TOKEN_KEYS
-                                           if (text := _token_text(specials.get(key))) is not None}
+                                           if (text := special_token_text(specials.get(key))) is not None}
         self._variables["add_generation_prompt"] = False
         self._variables.update({k: v for k, v in checkpoint.chat_template_kwargs.items()
                                 if k not in _NOT_RENDER_KWARGS})

@@ -13,6 +13,7 @@ import mlx.nn as nn
 from engine import heads, weights
 from engine.checkpoint import Checkpoint
 from engine.errors import UnsupportedCheckpoint
+from engine.families.base import is_bidirectional
 from engine.types import Pooling
 from engine.vlm import InputBuilder
 
@@ -44,6 +45,8 @@ EMBEDDERS = {
     "siglip": {"", "SiglipModel", "SiglipTextModel"},
     # late interaction (multi-vector) on the Idefics3 / SmolVLM stack, as colpali-engine saves it
     "idefics3": {"ColIdefics3"},
+    # SigLIP tower + pixel shuffle + MLP connector + bidirectional Llama, mean-pooled (text and image inputs)
+    "llama_nemotron_vl": {"LlamaNemotronVLModel"},
     "colqwen2_5": {"ColQwen2_5", "ColQwen2ForRetrieval"},  # the same on Qwen2.5-VL
 }
 CROSS_ENCODERS = {
@@ -63,6 +66,7 @@ FAMILY_DEFAULT_POOLING = {"bert": Pooling.MEAN, "xlm_roberta": Pooling.MEAN, "mo
                           "nomic_bert": Pooling.MEAN, "gte": Pooling.MEAN}
 FAMILY_DEFAULT_POOLING["siglip"] = Pooling.LAST  # reported only: the towers pool at their own last position
 FAMILY_DEFAULT_POOLING["idefics3"] = FAMILY_DEFAULT_POOLING["colqwen2_5"] = Pooling.NONE  # multi-vector: per token
+FAMILY_DEFAULT_POOLING["llama_nemotron_vl"] = Pooling.MEAN  # its llm_config pools "avg"
 # Decoder backbones without 1_Pooling: a bidirectional embedding export (LLM2Vec, EmbeddingGemma) mean-pools,
 # a bare Qwen3Model export is Qwen3-Embedding (last token); any other decoder gets what llama-server gives a
 # decoder GGUF without a pooling type: none (one vector per token; --pooling picks another).
@@ -209,17 +213,12 @@ def _load_gguf(checkpoint: Checkpoint, kind: str, dtype: str) -> LoadedModel:
                        hidden_size=projection.out_dims if projection else trunk.hidden_size, projection=projection)
 
 
-def is_bidirectional(config: dict) -> bool:
-    """A decoder trained without the causal mask (LLM2Vec / Nemotron-embed, EmbeddingGemma)."""
-    return (config.get("model_type") == "llama_bidirec" or config.get("is_causal") is False
-            or bool(config.get("use_bidirectional_attention")))
-
-
 def default_pooling(checkpoint: Checkpoint) -> Pooling:
     """The pooling used when neither --pooling nor 1_Pooling/config.json says."""
     name = family_name(checkpoint)
     if name not in DECODER_FAMILIES:
         return FAMILY_DEFAULT_POOLING.get(name, Pooling.MEAN)
-    if is_bidirectional(checkpoint.config):
+    config = checkpoint.config
+    if is_bidirectional(config.get("model_type"), config.get("is_causal"), config.get("use_bidirectional_attention")):
         return Pooling.MEAN
     return ARCHITECTURE_DEFAULT_POOLING.get(checkpoint.architecture, Pooling.NONE)

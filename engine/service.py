@@ -39,10 +39,15 @@ from engine.types import (
     RerankResult,
     Timings,
 )
+from engine.maxsim import maxsim_scores
 from engine.vlm import InputBuilder, PreparedInput
 from engine.worker import ImageWork, ItemResult, Runner, Worker
 
 log = logging.getLogger(__name__)
+
+
+def _label(labels: Sequence[str] | None, index: int) -> str:
+    return labels[index] if labels is not None else f"input {index}"
 
 
 def _cost(item: list[int] | ImageWork | PreparedInput) -> int:
@@ -264,14 +269,15 @@ class Engine:
 
     def embed_prompts(self, prompts: Sequence[Sequence[str | int] | ImageInput], *, truncate: bool | None = None,
                       timeout_s: float = 3600, prompt_name: str | None = None,
-                      instruction: str | None = None) -> EmbedResult:
+                      instruction: str | None = None, labels: Sequence[str] | None = None) -> EmbedResult:
         """Tokenize llama-server prompts (text and token-id parts, see encode_prompt) in one batched call on
         the caller's thread, then embed them with any images among them. Vectors are not normalized (callers
         choose embd_normalize).
 
         A vision-language family builds every text or image input itself (engine/vlm.py), receiving
         `instruction` or the text of `prompt_name` when it takes one; other families had those applied by
-        format_prompts and ignore them here. Token-id prompts are embedded verbatim by every family.
+        format_prompts and ignore them here. Token-id prompts are embedded verbatim by every family. `labels`
+        name the inputs in errors (default "input 0", "input 1", ...).
         """
         info = self._require_embedder()
         self.check_count(len(prompts))
@@ -281,14 +287,29 @@ class Engine:
             system = self._builder_instruction(info, prompt_name, instruction)
             for i, prompt in enumerate(prompts):
                 if isinstance(prompt, ImageInput) or is_text(prompt):
-                    inputs[i] = self._prepare(i, prompt, system)
+                    inputs[i] = self._prepare(_label(labels, i), prompt, system)
         texts = [i for i, item in enumerate(inputs) if not isinstance(item, (ImageInput, PreparedInput))]
         for i, ids in zip(texts, self.tokenizer.encode_prompts([prompts[i] for i in texts]), strict=True):
             inputs[i] = ids
         tokenize_s = time.monotonic() - started
-        result = self.embed(inputs, truncate=truncate, timeout_s=timeout_s)
+        result = self.embed(inputs, truncate=truncate, timeout_s=timeout_s, labels=labels)
         result.timings.tokenize_s += tokenize_s
         return result
+
+    def maxsim(self, query: Sequence[str | int] | ImageInput, documents: Sequence[Sequence[str | int] | ImageInput], *,
+               truncate: bool | None = None, timeout_s: float = 3600) -> RerankResult:
+        """A multi-vector model's MaxSim score of the query against each document (engine/maxsim.py), in
+        document order; the query and the documents are embedded in one submission, as embed_prompts does.
+        n_tokens: every input's tokens (the query's first), image tokens included."""
+        info = self._require_embedder()
+        if not info.multi_vector:
+            raise InvalidInput(f"MaxSim needs a multi-vector (late-interaction) model; this model "
+                               f"({info.architecture or info.model_type}) gives one vector per input: compare its "
+                               f"embeddings by cosine, or rank with a reranker")
+        labels = ["query", *(f"document {i}" for i in range(len(documents)))]
+        result = self.embed_prompts([query, *documents], truncate=truncate, timeout_s=timeout_s, labels=labels)
+        scores = maxsim_scores(result.vectors[0], result.vectors[1:])
+        return RerankResult(scores=scores, n_tokens=result.n_tokens, timings=result.timings)
 
     def _builder_instruction(self, info: ModelInfo, prompt_name: str | None, instruction: str | None) -> str | None:
         """What a vision-language family's prompt format receives as its instruction, if anything."""
@@ -309,7 +330,7 @@ class Engine:
             return None
         return text
 
-    def _prepare(self, index: int, prompt: Sequence[str | int] | ImageInput, instruction: str | None) -> PreparedInput:
+    def _prepare(self, label: str, prompt: Sequence[str | int] | ImageInput, instruction: str | None) -> PreparedInput:
         """One text or image input through the family's input builder, its images decoded (bounded) first."""
         if isinstance(prompt, ImageInput):
             parts: list = []
@@ -318,17 +339,17 @@ class Engine:
                     try:
                         part = decode(part, self.options.image_max_pixels)
                     except InvalidImage as exc:
-                        raise InvalidImage(f"input {index}: {exc}") from None
+                        raise InvalidImage(f"{label}: {exc}") from None
                 parts.append(part)
         else:
             parts = list(prompt)
         try:
             return self._builder.build(parts, instruction)
         except InvalidImage as exc:
-            raise InvalidImage(f"input {index}: {exc}") from None
+            raise InvalidImage(f"{label}: {exc}") from None
 
     def embed(self, token_lists: Sequence[list[int] | ImageInput | PreparedInput], *, truncate: bool | None = None,
-              timeout_s: float = 3600) -> EmbedResult:
+              timeout_s: float = 3600, labels: Sequence[str] | None = None) -> EmbedResult:
         """Embed already tokenized inputs, images, and prepared vision-language inputs. Vectors are not
         normalized (callers choose embd_normalize).
 
@@ -339,7 +360,7 @@ class Engine:
         self.check_count(len(token_lists))
         cut = self.options.truncate if truncate is None else truncate
         started = time.monotonic()
-        fitted = [self._image_work(i, item, info) if isinstance(item, ImageInput) else
+        fitted = [self._image_work(_label(labels, i), item, info) if isinstance(item, ImageInput) else
                   self._fit_prepared(item, info, cut) if isinstance(item, PreparedInput) else
                   self._fit(item, info, cut) for i, item in enumerate(token_lists)]
         preprocess_s = time.monotonic() - started
@@ -357,17 +378,17 @@ class Engine:
             self._too_long(len(prepared.ids), info)
         return prepared
 
-    def _image_work(self, index: int, image: ImageInput, info: ModelInfo) -> ImageWork:
+    def _image_work(self, label: str, image: ImageInput, info: ModelInfo) -> ImageWork:
         if self._images is None:
-            raise InvalidInput(f"input {index} is an image, but this model ({info.architecture or info.model_type}) "
+            raise InvalidInput(f"{label} is an image, but this model ({info.architecture or info.model_type}) "
                                f"embeds text only")
         if image.text.strip() or len(image.images) != 1:
-            raise InvalidInput(f"input {index}: this model embeds either a text or one image per input, not both "
+            raise InvalidInput(f"{label}: this model embeds either a text or one image per input, not both "
                                f"and not several (send each as an input of its own)")
         try:
             pixels = self._images(image.images[0], self.options.image_max_pixels)
         except InvalidImage as exc:
-            raise InvalidImage(f"input {index}: {exc}") from None
+            raise InvalidImage(f"{label}: {exc}") from None
         return ImageWork(pixels, info.image_tokens)
 
     def _require_embedder(self) -> ModelInfo:

@@ -40,7 +40,11 @@ import numpy as np
 from engine.errors import InvalidInput, UnsupportedCheckpoint
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from PIL.Image import Image
+
+    from engine.tokenize import TextTokenizer
 
 
 @dataclass(frozen=True)
@@ -114,21 +118,29 @@ class RetrieverInputs(InputBuilder):
         return PreparedInput(ids, tuple(images))
 
     def _ids(self, text: str, n_image_tokens: int) -> list[int]:
-        ids = self.tokenizer.encode(text)
-        if sum(1 for i in ids if i == self.image_token_id) != n_image_tokens:
-            raise InvalidInput(f"the text holds the image token {self.image_token}, which only an image may stand for")
-        return ids
-
-
-def check_tokens(where: object, tokenizer, tokens: Sequence[str], image_token: str, image_token_id: int) -> None:
-    """A builder's prompt tokens must each be one token of the checkpoint's tokenizer, its image token the model's."""
-    for token in tokens:
-        if len(tokenizer.encode(token, add_special=False)) != 1:
-            raise UnsupportedCheckpoint(f"{where}: the tokenizer has no single token {token}")
-    if tokenizer.encode(image_token, add_special=False) != [image_token_id]:
-        raise UnsupportedCheckpoint(f"{where}: {image_token} is not image_token_id {image_token_id}")
+        return encode_prompt(self.tokenizer, text, self.image_token, self.image_token_id, n_image_tokens)
 
 
 def to_device(images: Sequence[PreparedImage]) -> list[dict[str, mx.array]]:
     """The images' arrays as MLX arrays, in prompt order (what embed_with_images takes)."""
     return [{name: mx.array(array) for name, array in image.arrays.items()} for image in images]
+
+
+def encode_prompt(tokenizer: TextTokenizer, text: str, image_token: str, image_token_id: int,
+                  n_image_tokens: int) -> list[int]:
+    """A built prompt's token ids, refused when they hold other image tokens than the images' own (a caller's
+    text spelling the image token would otherwise take image features meant for other positions)."""
+    ids = tokenizer.encode(text)
+    if sum(1 for i in ids if i == image_token_id) != n_image_tokens:
+        raise InvalidInput(f"the text holds the image token {image_token}, which only an image may stand for")
+    return ids
+
+
+def check_prompt_tokens(folder: Path, tokenizer: TextTokenizer, markers: Sequence[str], image_token: str,
+                        image_token_id: int) -> None:
+    """Each marker a family's prompts use must be one token, and the image token the config's id."""
+    for token in markers:
+        if len(tokenizer.encode(token, add_special=False)) != 1:
+            raise UnsupportedCheckpoint(f"{folder}: the tokenizer has no single token {token}")
+    if tokenizer.encode(image_token, add_special=False) != [image_token_id]:
+        raise UnsupportedCheckpoint(f"{folder}: {image_token} is not the image token id {image_token_id} of config.json")

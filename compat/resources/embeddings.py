@@ -23,12 +23,14 @@ class EmbeddingsResource:
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         with model_request(req, self._models, EMBEDDING) as (served, body):
             # single model: llama checks this before reading the body, so it wins over bad JSON and `content`
-            if self._oai and served.engine.info.pooling is Pooling.NONE:
-                raise bad_request(POOLING_NONE_OAI)
             info = served.engine.info
+            # a multi-vector model's rows are its OAI answer (one list of rows per input)
+            if self._oai and info.pooling is Pooling.NONE and not info.multi_vector:
+                raise bad_request(POOLING_NONE_OAI)
             request = parse_embeddings_request(body(), oai_route=self._oai,
                                                default_normalize=served.settings.embd_normalize,
-                                               width=info.n_embd, takes_images=info.takes_images)
+                                               width=info.n_embd, takes_images=info.takes_images,
+                                               multi_vector=info.multi_vector)
             check_client_batch(len(request.prompts), served.settings.max_client_batch_size, "inputs")
             result = embed_request_prompts(served, request.prompts, request.truncate, request.prompt_name,
                                            request.instruction)

@@ -124,7 +124,7 @@ class Model(Trunk):
         self.language_model = llama.DecoderModel(args.llm)
 
     @property
-    def image_size(self) -> int:
+    def tile_size(self) -> int:
         """The square tile side the vision tower takes."""
         return self.config.vision.image_size
 

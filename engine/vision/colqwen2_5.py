@@ -18,7 +18,7 @@ from engine.checkpoint import Checkpoint
 from engine.families.colqwen2_5 import ModelArgs
 from engine.images_qwen import QwenImageProcessor
 from engine.tokenize import TextTokenizer
-from engine.vlm import PreparedImage, RetrieverInputs, check_tokens
+from engine.vlm import PreparedImage, RetrieverInputs, check_prompt_tokens
 
 IMAGE_TOKEN, VISION_START, VISION_END = "<|image_pad|>", "<|vision_start|>", "<|vision_end|>"
 QUERY_PREFIX, QUERY_SUFFIX = "", "<|endoftext|>" * 10
@@ -48,6 +48,6 @@ def input_builder(checkpoint: Checkpoint, tokenizer: TextTokenizer) -> ColQwenIn
     vision = args.vision
     processor = QwenImageProcessor.from_checkpoint(checkpoint.path, vision.patch_size, vision.temporal_patch_size,
                                                    vision.spatial_merge_size, drop_alpha_first=True)
-    check_tokens(checkpoint.path, tokenizer, (IMAGE_TOKEN, VISION_START, VISION_END, "<|im_start|>", "<|im_end|>",
+    check_prompt_tokens(checkpoint.path, tokenizer, (IMAGE_TOKEN, VISION_START, VISION_END, "<|im_start|>", "<|im_end|>",
                                               "<|endoftext|>"), IMAGE_TOKEN, args.image_token_id)
     return ColQwenInputs(processor, tokenizer, args.image_token_id)

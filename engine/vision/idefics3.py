@@ -29,7 +29,7 @@ from engine.errors import UnsupportedCheckpoint
 from engine.families.idefics3 import ModelArgs
 from engine.images import InvalidImage, rescale_and_normalize
 from engine.tokenize import TextTokenizer
-from engine.vlm import PreparedImage, RetrieverInputs, check_tokens
+from engine.vlm import PreparedImage, RetrieverInputs, check_prompt_tokens
 
 IMAGE, FAKE, GLOBAL, END = "<image>", "<fake_token_around_image>", "<global-img>", "<end_of_utterance>"
 QUERY_AUGMENTATION = END * 10
@@ -177,7 +177,7 @@ def input_builder(checkpoint: Checkpoint, tokenizer: TextTokenizer) -> Idefics3I
     if declared is not None and declared != args.tokens_per_tile:
         raise UnsupportedCheckpoint(f"{checkpoint.path}: image_seq_len {declared} in processor_config.json, but "
                                     f"the model makes {args.tokens_per_tile} tokens per tile")
-    check_tokens(checkpoint.path, tokenizer, (IMAGE, FAKE, GLOBAL, END), IMAGE, args.image_token_id)
+    check_prompt_tokens(checkpoint.path, tokenizer, (IMAGE, FAKE, GLOBAL, END), IMAGE, args.image_token_id)
     return Idefics3Inputs(processor, tokenizer, args)
 
 

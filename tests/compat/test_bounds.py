@@ -2,9 +2,11 @@
 and message, and that the server keeps serving afterwards."""
 from __future__ import annotations
 
+import json
 import threading
 import time
 
+import orjson
 import pytest
 from falcon.testing import TestClient
 
@@ -48,8 +50,21 @@ def test_json_nesting_is_bounded(make_client, depth):
     assert client.simulate_post("/v1/embeddings", json={"input": "x"}).status_code == 200
 
 
-def test_json_depth_counts_levels():
-    assert [json_depth(v) for v in (1, "s", [], {}, {"a": [1, 2]}, {"a": [[1], [2, {"b": [3]}]]})] == [0, 0, 1, 1, 2, 5]
+def _nesting(value: object) -> int:
+    """The reference: levels of arrays/objects in a parsed value."""
+    if isinstance(value, (list, dict)):
+        return 1 + max(map(_nesting, value.values() if isinstance(value, dict) else value), default=0)
+    return 0
+
+
+@pytest.mark.parametrize("value", [1, "s", [], {}, {"a": [1, 2]}, {"a": [[1], [2, {"b": [3]}]]},
+                                   # brackets and quotes inside strings, escaped quotes and backslashes
+                                   {"[[[": "{{{", "a": ["]]]", "\\", "\\[", '\"[', '"', "\\\"{{"], "b": {"c": []}},
+                                   ["\\", ["\\\\\"]]", [[]]], "é[ü"]])
+def test_json_depth_counts_levels_of_the_text(value):
+    # the text as clients send it: compact, indented, or with non-ASCII escaped
+    for text in (orjson.dumps(value), json.dumps(value, indent=2).encode(), json.dumps(value)):
+        assert json_depth(text) == _nesting(value), text
 
 
 def _draining_client(*argv: str) -> tuple[TestClient, Lifecycle]:
