@@ -11,15 +11,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from engine.errors import UnsupportedCheckpoint
 from engine.images import InvalidImage, decode, read_processor_config, rescale_and_normalize, to_rgb
-
-if TYPE_CHECKING:
-    from PIL.Image import Image
 
 _PROCESSORS = {"Qwen2VLImageProcessor", "Qwen2VLImageProcessorFast", "Qwen2VLImageProcessorPil"}
 # transformers' class defaults for keys preprocessor_config.json leaves out (OpenAI CLIP's mean and std)
@@ -113,8 +109,8 @@ class QwenImageProcessor:
         """Encoded image (at most max_pixels before resizing) -> its patches and grid."""
         return self.process(decode(data, max_pixels))
 
-    def process(self, image: Image) -> QwenImage:
-        """A decoded image -> its patches and grid."""
+    def process(self, image) -> QwenImage:
+        """A decoded PIL image -> its patches and grid."""
         if self.drop_alpha_first:  # keeps a palette image's transparent colour, which to_rgb then whitens
             image = image.convert("RGB")
         if self.convert_rgb or image.mode != "RGB":
