@@ -15,7 +15,7 @@ import orjson
 
 from compat.settings import EmbedCommand, RerankCommand, SettingsError
 from compat.wire.rerank import ranked_indices
-from engine import DEFAULT_MODEL_NAME, Encoder, ImageInput, Reranker, default_model
+from engine import DEFAULT_MODEL_NAME, Encoder, ImageInput, Reranker, default_model, maxsim
 from engine.errors import EngineError
 from engine.types import RerankItem
 
@@ -67,7 +67,13 @@ def embed_texts(command: EmbedCommand, out: TextIO) -> int:
                             "--output OUT.parquet")
     images = [_read_image(path) for path in command.image]
     ref, name = model_ref(command, bundled_default=True)
+    labels = [*command.prompt, *(f"[image] {path}" for path in command.image)]
     with Encoder(ref, **command.engine_kwargs()) as encoder:
+        if encoder.info.multi_vector:
+            if command.dimensions is not None:
+                raise SettingsError("--dimensions: a multi-vector model keeps its token vectors' full width")
+            found = encoder.embed_token_vectors(command.prompt, images, batch_size=command.batch_size or None)
+            return _print_token_vectors(found.rows, found.n_tokens, labels, name, command.json_output, out)
         parts = []
         if command.prompt:
             parts.append(encoder.embed(command.prompt, **command.encode_kwargs()))
@@ -76,7 +82,6 @@ def embed_texts(command: EmbedCommand, out: TextIO) -> int:
                                               batch_size=command.batch_size or None))
     vectors = np.concatenate([part.vectors for part in parts])
     n_tokens = [n for part in parts for n in part.n_tokens]
-    labels = [*command.prompt, *(f"[image] {path}" for path in command.image)]
     similarity = cosine_matrix(vectors)
     if command.json_output:
         out.write(_json({"model": name, "embeddings": vectors.astype(np.float64),
@@ -85,12 +90,40 @@ def embed_texts(command: EmbedCommand, out: TextIO) -> int:
     for i, (vector, count) in enumerate(zip(vectors, n_tokens)):
         out.write(f"embedding {i} ({count} tokens, {len(vector)} values): "
                   + " ".join(f"{x:.6f}" for x in vector) + "\n")
-    if len(labels) >= 2:
-        out.write("\ncosine similarity matrix:\n")
-        out.write(" " * 4 + "".join(f"{j:>9}" for j in range(len(labels))) + "\n")
-        for i, row in enumerate(similarity):
-            out.write(f"{i:>4}" + "".join(f"{x:>9.4f}" for x in row) + f"   {_preview(labels[i])}\n")
+    _print_matrix("cosine similarity matrix", similarity, labels, out)
     return 0
+
+
+def maxsim_matrix(rows: list[np.ndarray]) -> np.ndarray:
+    """MaxSim of every input (as the query, the row) against every input (as the document, the column)."""
+    return np.array([[maxsim(query, document) for document in rows] for query in rows])
+
+
+def _print_token_vectors(rows: list[np.ndarray], n_tokens: list[int], labels: list[str], name: str,
+                         json_output: bool, out: TextIO) -> int:
+    """A multi-vector model's answer: each input's token rows, and the MaxSim matrix in place of cosine."""
+    similarity = maxsim_matrix(rows)
+    if json_output:
+        out.write(_json({"model": name, "embeddings": [r.astype(np.float64) for r in rows],
+                         "shapes": [list(r.shape) for r in rows], "prompt_tokens": sum(n_tokens),
+                         "similarity_kind": "maxsim", "similarity": similarity}).decode() + "\n")
+        return 0
+    for i, (vectors, count) in enumerate(zip(rows, n_tokens)):
+        out.write(f"embedding {i} ({count} tokens, {vectors.shape[0]} rows of {vectors.shape[1]} values):\n")
+        for row in vectors:
+            out.write("  " + " ".join(f"{x:.6f}" for x in row) + "\n")
+    _print_matrix("MaxSim similarity matrix (row: the query, column: the document; raw sums over the query's "
+                  "token vectors)", similarity, labels, out)
+    return 0
+
+
+def _print_matrix(title: str, matrix: np.ndarray, labels: list[str], out: TextIO) -> None:
+    if len(labels) < 2:
+        return
+    out.write(f"\n{title}:\n")
+    out.write(" " * 4 + "".join(f"{j:>9}" for j in range(len(labels))) + "\n")
+    for i, row in enumerate(matrix):
+        out.write(f"{i:>4}" + "".join(f"{x:>9.4f}" for x in row) + f"   {_preview(labels[i])}\n")
 
 
 def _read_image(path: str, flag: str = "--image") -> bytes:

@@ -73,8 +73,16 @@ class Checkpoint:
         if index.exists():
             names = sorted(set(_read_json(index)["weight_map"].values()))
             return [self.path / n for n in names]
+        _refuse_adapter(self.path)
         raise UnsupportedCheckpoint(
             f"{self.path}: no model.safetensors (or index) found; only safetensors checkpoints are supported")
+
+
+def _refuse_adapter(path: Path) -> None:
+    """A PEFT adapter (vidore/colqwen2.5-v0.2, colSmol, LLM2Vec): we load whole models, never merge adapters."""
+    if (path / "adapter_model.safetensors").is_file() or (path / "adapter_config.json").is_file():
+        raise UnsupportedCheckpoint(f"{path}: a PEFT adapter (adapter_model.safetensors), not a whole model; merge it "
+                                    f"into its base model (peft's merge_and_unload) and save the result first")
 
 
 def default_model() -> str | None:
@@ -102,6 +110,7 @@ def resolve(model_path: str | None, hf_repo: str | None, offline: bool, hf_file:
                                          f"Hugging Face model folder")
             return path
         if not (path / "config.json").is_file():
+            _refuse_adapter(path)
             raise CheckpointNotFound(f"{model_path}: not a Hugging Face model folder (no config.json) "
                                      f"nor a .gguf file")
         return path

@@ -107,7 +107,10 @@ class QwenImageProcessor:
 
     def __call__(self, data: bytes, max_pixels: int) -> QwenImage:
         """Encoded image (at most max_pixels before resizing) -> its patches and grid."""
-        image = decode(data, max_pixels)
+        return self.process(decode(data, max_pixels))
+
+    def process(self, image) -> QwenImage:
+        """A decoded PIL image -> its patches and grid."""
         if self.drop_alpha_first:  # keeps a palette image's transparent colour, which to_rgb then whitens
             image = image.convert("RGB")
         if self.convert_rgb or image.mode != "RGB":

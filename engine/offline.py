@@ -79,6 +79,15 @@ class Embedded:
 
 
 @dataclass
+class TokenVectors:
+    """`Encoder.embed_token_vectors`' answer: a multi-vector model's float32 [n_tokens, d] rows per input (each
+    row L2-normalized by the model) and each input's token count (image tokens included)."""
+
+    rows: list[np.ndarray]
+    n_tokens: list[int]
+
+
+@dataclass
 class EncodedRows:
     """Per-row results of `Encoder.encode_rows`: a failed row has an error, a zero vector and 0 tokens."""
 
@@ -130,6 +139,10 @@ class Encoder(_Loaded):
             texts = [texts]
         p = normalization(normalize)
         check_dimensions(dimensions, self.info.n_embd)
+        if self.info.vision_language:  # the family formats its texts itself (engine/vlm.py)
+            self._one_vector_per_input()
+            raw, n_tokens = self._embed_prompts([[text] for text in texts], batch_size, prompt_name, instruction)
+            return Embedded(self._finish(raw, p, dimensions), n_tokens)
         token_lists = self.engine.tokenizer.encode_prompts(self._prompts(list(texts), prompt_name, instruction))
         raw, n_tokens = self._embed(token_lists, batch_size)
         return Embedded(self._finish(raw, p, dimensions), n_tokens)
@@ -140,27 +153,46 @@ class Encoder(_Loaded):
         models that take images; a bad one raises InvalidImage naming it, as the server answers 400."""
         p = normalization(normalize)
         check_dimensions(dimensions, self.info.n_embd)
-        inputs = [ImageInput.image(image if isinstance(image, bytes) else Path(image).read_bytes()) for image in images]
-        raw, n_tokens = self._embed(inputs, batch_size)
+        self._one_vector_per_input()
+        raw, n_tokens = self._embed_prompts(_image_inputs(images), batch_size)
         return Embedded(self._finish(raw, p, dimensions), n_tokens)
 
-    def _embed(self, token_lists: list[list[int] | ImageInput],
-               batch_size: int | None) -> tuple[list[np.ndarray], list[int]]:
-        """Raw pooled vectors and token counts, in order."""
+    def embed_token_vectors(self, texts: Sequence[str] = (), images: Sequence[bytes | str | Path] = (), *,
+                            batch_size: int | None = None) -> TokenVectors:
+        """A multi-vector (late-interaction) model's token vectors: texts, then images (encoded bytes or file
+        paths), one [n_tokens, d] array each; score them with engine.maxsim."""
+        if not self.info.multi_vector:
+            raise InvalidInput("this model gives one vector per input: use embed / embed_images")
+        rows, n_tokens = self._embed_prompts([*([text] for text in texts), *_image_inputs(images)], batch_size)
+        return TokenVectors(rows, n_tokens)
+
+    def _one_vector_per_input(self) -> None:
+        if self.info.multi_vector:
+            raise InvalidInput("this model is multi-vector (one vector per token): use embed_token_vectors")
         if self.info.pooling is Pooling.NONE:
             raise InvalidInput("pooling 'none' gives one vector per token; Encoder returns one vector per text")
+
+    def _chunks(self, n: int, batch_size: int | None) -> list[slice]:
+        """The engine batches what it is given; handing it `chunk` inputs at a time bounds a pass's rows."""
         chunk = SUBMIT_CHUNK if batch_size is None else batch_size
         if chunk < 1:
             raise InvalidInput(f"batch_size must be at least 1, not {batch_size}")
         chunk = min(chunk, self.engine.options.max_queue_items)
-        vectors: list[np.ndarray] = []
-        n_tokens: list[int] = []
-        # the engine batches what it is given; handing it `chunk` texts at a time bounds a forward pass's rows
-        for start in range(0, len(token_lists), chunk):
-            result = self.engine.embed(token_lists[start:start + chunk])
-            vectors += result.vectors
-            n_tokens += result.n_tokens
-        return vectors, n_tokens
+        return [slice(start, start + chunk) for start in range(0, n, chunk)]
+
+    def _embed(self, token_lists: list[list[int]], batch_size: int | None) -> tuple[list[np.ndarray], list[int]]:
+        """Raw pooled vectors and token counts, in order."""
+        self._one_vector_per_input()
+        results = [self.engine.embed(token_lists[part]) for part in self._chunks(len(token_lists), batch_size)]
+        return [v for r in results for v in r.vectors], [n for r in results for n in r.n_tokens]
+
+    def _embed_prompts(self, prompts: list[list[str] | ImageInput], batch_size: int | None,
+                       prompt_name: str | None = None,
+                       instruction: str | None = None) -> tuple[list[np.ndarray], list[int]]:
+        """Raw vectors (or rows) and token counts of text prompts and images, through engine.embed_prompts."""
+        results = [self.engine.embed_prompts(prompts[part], prompt_name=prompt_name, instruction=instruction)
+                   for part in self._chunks(len(prompts), batch_size)]
+        return [v for r in results for v in r.vectors], [n for r in results for n in r.n_tokens]
 
     def _finish(self, raw: Sequence[np.ndarray], p: int, dimensions: int | None) -> np.ndarray:
         """Keep the first `dimensions` components, then normalize as llama's embd_normalize `p` does."""
@@ -257,6 +289,10 @@ class Reranker(_Loaded):
         out = dict(batch)
         out["score"] = self.predict(list(zip(batch["query"], batch["document"])))
         return out
+
+
+def _image_inputs(images: Sequence[bytes | str | Path]) -> list[ImageInput]:
+    return [ImageInput.image(image if isinstance(image, bytes) else Path(image).read_bytes()) for image in images]
 
 
 def ranking(scores: Sequence[float], top_n: int | None = None) -> list[dict[str, Any]]:

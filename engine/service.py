@@ -360,6 +360,9 @@ class Engine:
         self.check_count(len(token_lists))
         cut = self.options.truncate if truncate is None else truncate
         started = time.monotonic()
+        if self._builder is not None:  # a vision-language family's images are built into its prompt format
+            token_lists = [self._prepare(_label(labels, i), item, None) if isinstance(item, ImageInput) else item
+                           for i, item in enumerate(token_lists)]
         fitted = [self._image_work(_label(labels, i), item, info) if isinstance(item, ImageInput) else
                   self._fit_prepared(item, info, cut) if isinstance(item, PreparedInput) else
                   self._fit(item, info, cut) for i, item in enumerate(token_lists)]

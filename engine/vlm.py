@@ -79,6 +79,48 @@ class InputBuilder(ABC):
         """Ordered text pieces and decoded images -> token ids (images expanded) and the images' arrays."""
 
 
+class RetrieverInputs(InputBuilder):
+    """colpali-engine's prompt recipe, shared by its retrievers (ColIdefics3, ColQwen2.5). An input of text only
+    is a query: query_prefix + text + query_suffix (augmentation tokens that give MaxSim more vectors). An input
+    holding images is a document: document_prefix, its parts in order (each image as the run of image tokens
+    image() makes), document_text when the input has no text of its own, document_suffix; the whole text is
+    tokenized at once, as the reference processors do."""
+
+    query_prefix = ""
+    query_suffix: str
+    document_prefix: str
+    document_text: str
+    document_suffix: str
+    image_token: str
+
+    def __init__(self, tokenizer, image_token_id: int):
+        self.tokenizer = tokenizer
+        self.image_token_id = image_token_id
+
+    @abstractmethod
+    def image(self, image: Image) -> tuple[PreparedImage, str]:
+        """One decoded image -> its arrays and the prompt text that stands for it."""
+
+    def build(self, parts: Sequence[str | Image], instruction: str | None = None) -> PreparedInput:
+        texts = [part for part in parts if isinstance(part, str)]
+        if len(texts) == len(parts):
+            return PreparedInput(self._ids(self.query_prefix + "".join(texts) + self.query_suffix, 0))
+        images, pieces = [], []
+        for part in parts:
+            if isinstance(part, str):
+                pieces.append(part)
+                continue
+            prepared, piece = self.image(part)
+            images.append(prepared)
+            pieces.append(piece)
+        body = "".join(pieces) if "".join(texts).strip() else "".join(pieces) + self.document_text
+        ids = self._ids(self.document_prefix + body + self.document_suffix, sum(i.n_tokens for i in images))
+        return PreparedInput(ids, tuple(images))
+
+    def _ids(self, text: str, n_image_tokens: int) -> list[int]:
+        return encode_prompt(self.tokenizer, text, self.image_token, self.image_token_id, n_image_tokens)
+
+
 def to_device(images: Sequence[PreparedImage]) -> list[dict[str, mx.array]]:
     """The images' arrays as MLX arrays, in prompt order (what embed_with_images takes)."""
     return [{name: mx.array(array) for name, array in image.arrays.items()} for image in images]

@@ -3,9 +3,8 @@ ColQwen2ForRetrieval export over a qwen2_5_vl model).
 
 The decoder stops at its final norm (the LM head is never loaded); one Linear projects every token's hidden
 state to 128 dimensions, each token vector is L2-normalized and padding rows are zeroed. The result is one
-vector per real token (multi-vector), scored against a query with MaxSim. Prompts are the family's own, as
-colpali-engine's processor makes them: a page is DOCUMENT_PROMPT with its <|image_pad|> grown to one token per
-merged patch block; a query is the text followed by ten <|endoftext|> (extra vectors MaxSim can match with).
+vector per real token (multi-vector), scored against a query with MaxSim. Prompts and images are prepared by
+engine/vision/colqwen2_5.py.
 
 Checkpoint layouts (sanitize): colpali-engine merges store model.* (decoder), visual.* and custom_text_proj.*;
 transformers' retrieval export nests everything under vlm. (model.language_model.*, model.visual.*) and names
@@ -26,12 +25,6 @@ from engine.families.base import Trunk
 from engine.families.qwen2_5_vl import TextModel, VisionArgs, VisionModel, text_args
 from engine.families.qwen3_vl import Grid, rope_index
 
-DOCUMENT_PROMPT = ("<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>Describe the image.<|im_end|>"
-                   "<|endoftext|>")
-IMAGE_TOKEN = "<|image_pad|>"
-QUERY_PREFIX = ""
-QUERY_SUFFIX = "<|endoftext|>" * 10
-ARCHITECTURES = ("ColQwen2_5", "ColQwen2ForRetrieval")
 
 
 @dataclass
@@ -112,6 +105,13 @@ class Model(Trunk):
         vectors = self.custom_text_proj(hidden)
         norms = mx.sqrt(mx.sum(vectors * vectors, axis=-1, keepdims=True))
         return vectors / mx.maximum(norms, 1e-12) * (attention_mask != 0)[..., None].astype(vectors.dtype)
+
+    def embed_with_images(self, input_ids: mx.array, images: list[dict[str, mx.array]]) -> mx.array:
+        """One input, ids [1, L] whose <|image_pad|> runs the images fill, in order -> token vectors [1, L, 128]
+        (engine/vlm.py's contract; each image's arrays: pixel_values and image_grid_thw)."""
+        grids = [tuple(int(v) for v in np.array(image["image_grid_thw"])) for image in images]
+        patches = mx.concatenate([image["pixel_values"] for image in images]) if images else None
+        return self.forward(input_ids, mx.ones(input_ids.shape, dtype=mx.int32), patches, grids)
 
     def _place_images(self, x: mx.array, ids: np.ndarray, patches: mx.array, grids: Sequence[Grid]) -> mx.array:
         """The images' merged features written over their placeholder tokens, one image through the tower at

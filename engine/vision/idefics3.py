@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +29,7 @@ from engine.errors import UnsupportedCheckpoint
 from engine.families.idefics3 import ModelArgs
 from engine.images import InvalidImage, rescale_and_normalize
 from engine.tokenize import TextTokenizer
-from engine.vlm import InputBuilder, PreparedImage, PreparedInput, check_prompt_tokens, encode_prompt
+from engine.vlm import PreparedImage, RetrieverInputs, check_prompt_tokens
 
 IMAGE, FAKE, GLOBAL, END = "<image>", "<fake_token_around_image>", "<global-img>", "<end_of_utterance>"
 QUERY_AUGMENTATION = END * 10
@@ -151,33 +150,20 @@ def image_prompt(rows: int, cols: int, tokens_per_tile: int) -> str:
     return f"{grid}\n{global_block}"
 
 
-class Idefics3Inputs(InputBuilder):
-    takes_instruction = False
+class Idefics3Inputs(RetrieverInputs):
+    query_suffix = QUERY_AUGMENTATION
+    document_prefix, document_text, document_suffix = DOCUMENT_PREFIX, DOCUMENT_TEXT, DOCUMENT_SUFFIX
+    image_token = IMAGE
 
     def __init__(self, processor: ImageProcessor, tokenizer: TextTokenizer, args: ModelArgs):
+        super().__init__(tokenizer, args.image_token_id)
         self.processor = processor
-        self.tokenizer = tokenizer
         self.tokens_per_tile = args.tokens_per_tile
-        self.image_token_id = args.image_token_id
 
-    def build(self, parts: Sequence, instruction: str | None = None) -> PreparedInput:
-        texts = [part for part in parts if isinstance(part, str)]
-        if len(texts) == len(parts):  # a query
-            return PreparedInput(self._ids("".join(texts) + QUERY_AUGMENTATION, 0))
-        images, pieces = [], []
-        for part in parts:
-            if isinstance(part, str):
-                pieces.append(part)
-                continue
-            tiled = self.processor(part)
-            images.append(PreparedImage({"pixel_values": tiled.pixels}, len(tiled.pixels) * self.tokens_per_tile))
-            pieces.append(image_prompt(tiled.rows, tiled.cols, self.tokens_per_tile))
-        body = "".join(pieces) if "".join(texts).strip() else "".join(pieces) + DOCUMENT_TEXT
-        ids = self._ids(DOCUMENT_PREFIX + body + DOCUMENT_SUFFIX, sum(image.n_tokens for image in images))
-        return PreparedInput(ids, tuple(images))
-
-    def _ids(self, text: str, n_image_tokens: int) -> list[int]:
-        return encode_prompt(self.tokenizer, text, IMAGE, self.image_token_id, n_image_tokens)
+    def image(self, image) -> tuple[PreparedImage, str]:
+        tiled = self.processor(image)
+        return (PreparedImage({"pixel_values": tiled.pixels}, len(tiled.pixels) * self.tokens_per_tile),
+                image_prompt(tiled.rows, tiled.cols, self.tokens_per_tile))
 
 
 def input_builder(checkpoint: Checkpoint, tokenizer: TextTokenizer) -> Idefics3Inputs:

@@ -6,6 +6,7 @@ import base64
 
 import pytest
 
+from tests.conftest import parse_metrics
 from tests.engine.families import nemotron_vl_fixture as fx
 from tests.engine.helpers import cosine
 from tests.server.harness import ServerProcess
@@ -21,7 +22,7 @@ def built(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(built):
-    srv = ServerProcess("-m", str(built[0]), "--embedding", "-t", "2", "--image-max-count", "4").start()
+    srv = ServerProcess("-m", str(built[0]), "--embedding", "-t", "2", "--image-max-count", "4", "--metrics").start()
     yield srv
     srv.stop()
 
@@ -34,8 +35,13 @@ def image_part(data: bytes) -> dict:
     return {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{b64(data)}"}}
 
 
+def prompt_tokens(server: ServerProcess) -> float:
+    return float(parse_metrics(server.get("/metrics").text)["llamacpp:prompt_tokens_total"])
+
+
 def test_text_and_image_inputs_give_the_reference_vectors(server, built):
     _, ref, tok = built
+    before = prompt_tokens(server)
     pics = fx.images()
     body = {"input": [TEXTS[0], image_part(pics["landscape"]), TEXTS[1],
                       [image_part(pics["portrait"]), {"type": "text", "text": "a caption"}]]}
@@ -51,6 +57,7 @@ def test_text_and_image_inputs_give_the_reference_vectors(server, built):
     lengths = [len(tok(TEXTS[0]).input_ids), len(tok(fx.reference_prompt(7)).input_ids), len(tok(TEXTS[1]).input_ids),
                len(tok(fx.reference_prompt(3, "a caption")).input_ids)]
     assert res.json()["usage"]["prompt_tokens"] == sum(lengths)
+    assert prompt_tokens(server) - before == sum(lengths)
     # llama-server's multimodal_data spelling of the same image gives the same vector
     llama = server.post("/embeddings", json={"content": [
         {"prompt_string": "<__media__>", "multimodal_data": [b64(pics["landscape"])]}]})

@@ -108,3 +108,30 @@ def test_limits_and_refusals(folder, engine):
         engine.embed_prompts([[QUERIES[0]], ImageInput((b"not an image",))])
     with pytest.raises(UnsupportedCheckpoint, match="multi-vector"):
         start_engine(folder, pooling=__import__("engine").Pooling.MEAN)
+
+
+def test_encoder_and_mlx_embed_give_rows_and_the_maxsim_matrix(folder, engine, reference, tmp_path, capsys):
+    import orjson
+
+    from compat.cli import embed_main
+    from engine import Encoder
+
+    page = tmp_path / "page.png"
+    page.write_bytes(IMAGES[0])
+    expected = [fx.reference_queries(*reference, [QUERIES[1]])[0], fx.reference_images(*reference, [IMAGES[0]])[0]]
+    with Encoder(folder) as encoder:
+        found = encoder.embed_token_vectors([QUERIES[1]], [IMAGES[0]])
+        with pytest.raises(InvalidInput, match="multi-vector"):
+            encoder.embed([QUERIES[1]])
+    for ours, theirs in zip(found.rows, expected, strict=True):
+        assert_rows_match(ours, theirs)
+    assert found.n_tokens == [len(rows) for rows in expected]
+    assert embed_main(["-m", str(folder), "-p", QUERIES[1], "--image", str(page), "--json"]) == 0
+    answer = orjson.loads(capsys.readouterr().out)
+    assert answer["shapes"] == [list(rows.shape) for rows in expected] and answer["similarity_kind"] == "maxsim"
+    matrix = [[fx.maxsim(q, d) for d in expected] for q in expected]
+    np.testing.assert_allclose(answer["similarity"], matrix, atol=1e-4)
+    assert embed_main(["-m", str(folder), "-p", QUERIES[1], "--image", str(page)]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith(f"embedding 0 ({len(expected[0])} tokens, {len(expected[0])} rows of 128 values):\n")
+    assert "MaxSim similarity matrix" in text

@@ -155,3 +155,34 @@ def test_detected_as_an_embedder_and_named_in_errors(built):
         registry.kind_of(wrong)
     with pytest.raises(UnsupportedCheckpoint, match="llama_nemotron_vl"):
         registry.kind_of(checkpoint.Checkpoint(path=built[0], config={"model_type": "internvl_chat"}))
+
+
+@pytest.mark.parametrize("min_tiles, max_tiles, thumbnail", [(1, 12, True), (2, 4, False), (1, 1, True)])
+def test_tiles_follow_the_settings(min_tiles, max_tiles, thumbnail):
+    # (1, 1): one tile, never a thumbnail, which is also what dynamic_image_size off makes
+    processor = TilingProcessor(tile=fx.TILE, min_tiles=min_tiles, max_tiles=max_tiles, use_thumbnail=thumbnail,
+                                dynamic=True, mean=(0.5,) * 3, std=(0.5,) * 3)
+    fixed = TilingProcessor(tile=fx.TILE, min_tiles=1, max_tiles=6, use_thumbnail=True, dynamic=False,
+                            mean=(0.5,) * 3, std=(0.5,) * 3)
+    for name, data in fx.images().items():
+        expected = fx.reference_tiles(data, min_num=min_tiles, max_num=max_tiles, use_thumbnail=thumbnail)
+        np.testing.assert_allclose(processor(decoded(data)), expected, atol=1e-6, rtol=0, err_msg=name)
+        np.testing.assert_allclose(fixed(decoded(data)), fx.reference_tiles(data, max_num=1), atol=1e-6, rtol=0)
+
+
+def test_builder_refuses_a_processor_config_that_disagrees_with_the_model(built, tmp_path):
+    import shutil
+
+    from engine.tokenize import open_tokenizer
+    from engine.vision.llama_nemotron_vl import input_builder
+
+    folder = tmp_path / "m"
+    shutil.copytree(built[0], folder)
+    path = folder / "processor_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "num_image_token": 256}))
+    ckpt = checkpoint.read(folder)
+    with pytest.raises(UnsupportedCheckpoint, match="num_image_token 256"):
+        input_builder(ckpt, open_tokenizer(ckpt))
+    path.write_text(json.dumps({**json.loads(path.read_text()), "num_image_token": 4, "norm_type": "clip"}))
+    with pytest.raises(UnsupportedCheckpoint, match="norm_type 'clip'"):
+        input_builder(ckpt, open_tokenizer(ckpt))
