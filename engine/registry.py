@@ -165,6 +165,15 @@ def load(checkpoint: Checkpoint, kind: str | None = None, dtype: str = "auto") -
                                         f"its classifier has {labels} rows")
         model = cls(args, labels)
         trunk = model.trunk
+    elif getattr(family.Model, "multi_vector", False):  # it projects each token itself
+        model = trunk = family.Model(args)
+        folders = checkpoint.dense_folders or tuple(f for f in (checkpoint.path / "1_Dense",) if f.is_dir())
+        if folders:
+            prefix = getattr(model, "projection_prefix", None)
+            if prefix is None:
+                raise UnsupportedCheckpoint(f"{checkpoint.path}: Dense modules beside a {name} checkpoint are not "
+                                            f"supported (the family projects its tokens itself)")
+            raw = heads.replace_own_projection(raw, folders, prefix)
     else:
         model = trunk = family.Model(args)
         try:
