@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 
 from compat.corpus_files import CorpusReader, Row, fingerprint, number_word
 from compat.settings import EmbedCommand, SettingsError
-from compat.tools import encoder_options, model_ref
+from compat.tools import model_ref
 
 MANIFEST = "manifest.json"
 
@@ -58,7 +58,7 @@ def job_description(command: EmbedCommand, name: str, ref: str, reader: CorpusRe
     """Everything the vectors and the file's layout depend on: a resumed run must match it exactly."""
     # offline only says where the files came from; threads and batch sizes stay (they move float rounding).
     options = {key: (value.value if hasattr(value, "value") else value)
-               for key, value in encoder_options(command).items() if key != "offline"}
+               for key, value in command.engine_kwargs().items() if key != "offline"}
     return {"model": name, "ref": ref, "input": fingerprint(reader.path), "format": reader.format,
             "text_field": command.text_field, "id_field": command.id_field if reader.ids_from_field else None,
             "rows_per_group": command.rows_per_group, "embd_normalize": command.embd_normalize,
@@ -169,12 +169,10 @@ def local_groups(command: EmbedCommand, ref: str, reader: CorpusReader) -> Itera
     """Embed in this process: one engine, a row group at a time."""
     from engine import Encoder
 
-    with Encoder(ref, **encoder_options(command)) as encoder:
+    with Encoder(ref, **command.engine_kwargs()) as encoder:
         for chunk in chunks(reader, command.rows_per_group):
             texts = [row.text for row in chunk if row.error is None]
-            encoded = encoder.encode_rows(texts, normalize=command.embd_normalize, dimensions=command.dimensions,
-                                          prompt_name=command.prompt_name, instruction=command.instruction,
-                                          batch_size=command.batch_size or None)
+            encoded = encoder.encode_rows(texts, **command.encode_kwargs())
             group = Group(len(chunk))
             results = iter(zip(encoded.vectors, encoded.errors))
             for row in chunk:

@@ -23,7 +23,6 @@ from ray.exceptions import RayError
 from compat.corpus import Group, JobFailed, chunks
 from compat.corpus_files import CorpusReader, Row
 from compat.settings import EmbedCommand
-from compat.tools import encoder_options
 
 _SOURCE_ROOT = Path(__file__).resolve().parents[1]
 
@@ -100,10 +99,8 @@ def ray_groups(command: EmbedCommand, ref: str, reader: CorpusReader) -> Iterato
     context.execution_options.preserve_order = True  # rows come back in input order: the same row groups
     context.enable_progress_bars = False
     cpus = command.threads if command.threads > 0 else 1
-    options = {**encoder_options(command), "threads": cpus}
-    encode = {"normalize": command.embd_normalize, "dimensions": command.dimensions,
-              "prompt_name": command.prompt_name, "instruction": command.instruction,
-              "batch_size": command.batch_size or None}
+    options = {**command.engine_kwargs(), "threads": cpus}
+    encode = command.encode_kwargs()
     runtime_env = _runtime_env()
     source = CorpusDatasource(reader.path, reader.text_field, reader.id_field, reader.skip, reader.ids_from_field,
                               command.rows_per_group)

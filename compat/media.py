@@ -17,10 +17,14 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from compat.errors import bad_request
 from compat.wire.inputs import MediaRef, Prompt
 from engine.types import ImageInput
+
+if TYPE_CHECKING:
+    from compat.settings import Settings
 
 _DATA_URL = re.compile(r"data:([^;,]*)((?:;[^;,]*)*),(.*)", re.DOTALL)
 
@@ -118,15 +122,32 @@ def _remote(url: str, policy: MediaPolicy) -> bytes:
     return b"".join(chunks)
 
 
-def image_input(index: int, prompt: Prompt, policy: MediaPolicy) -> ImageInput:
-    """One request input holding an image -> the engine's ImageInput (its bytes, and any text beside it)."""
-    images = [part for part in prompt if isinstance(part, MediaRef)]
-    if len(images) != 1:
-        raise bad_request(f"input {index} has {len(images)} images; an input may hold one image")
+def image_input(label: str, prompt: Prompt, policy: MediaPolicy) -> ImageInput:
+    """One request input holding images -> the engine's ImageInput: its text pieces and the images' bytes, in
+    the order the request gave them (how many images a request may hold is checked before, per request).
+
+    label names the input in errors: "input 2", "query", "document 3"."""
     if any(not isinstance(part, (str, MediaRef)) for part in prompt):
-        raise bad_request(f"input {index}: token ids cannot be combined with an image")
-    try:
-        data = load(images[0].source, policy)
-    except ValueError as exc:
-        raise bad_request(f"input {index}: {exc}") from None
-    return ImageInput(data=data, text="".join(part for part in prompt if isinstance(part, str)))
+        raise bad_request(f"{label}: token ids cannot be combined with an image")
+    parts: list[str | bytes] = []
+    for part in prompt:
+        if isinstance(part, str):
+            parts.append(part)
+            continue
+        try:
+            parts.append(load(part.source, policy))
+        except ValueError as exc:
+            raise bad_request(f"{label}: {exc}") from None
+    return ImageInput(tuple(parts))
+
+
+def request_media_policy(prompts: list[Prompt], settings: Settings) -> MediaPolicy | None:
+    """Refuse too many images before fetching any; the rules to fetch them by (None: a text-only request)."""
+    n_images = sum(isinstance(part, MediaRef) for prompt in prompts for part in prompt)
+    if n_images == 0:
+        return None
+    if n_images > settings.image_max_count:
+        raise bad_request(f"the request has {n_images} images; at most {settings.image_max_count} are allowed "
+                          f"(--image-max-count)")
+    return MediaPolicy.create(settings.media_path, settings.allow_remote_media, settings.media_max_bytes,
+                              settings.media_timeout)

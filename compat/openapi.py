@@ -56,11 +56,19 @@ def _schemas(settings: Settings) -> dict[str, Schema]:
     }
     usage = {"type": "object", "required": ["prompt_tokens", "total_tokens"],
              "properties": {"prompt_tokens": _INT, "total_tokens": _INT}}
-    document = {"anyOf": [_STRING, {"type": "object", "required": ["text"], "properties": {"text": _STRING}}]}
-    documents = {"type": "array", "minItems": 1, "items": document,
+    content_part = {"type": "object", "required": ["type"],
+                    "properties": {"type": {"enum": ["text", "image_url"]}, "text": _STRING, "image_url": {}}}
+    item = {"description": "a text; for rerankers that take images also {text, image | image_url} (a URL or "
+                           "{url}), an OpenAI content part or a list of them, or llama's {prompt_string, "
+                           "multimodal_data}: one image at most",
+            "anyOf": [_STRING, {"type": "object", "properties": {"text": _STRING, "image": {}, "image_url": {}}},
+                      content_part, {"type": "array", "minItems": 1, "items": content_part}, prompt_object]}
+    documents = {"type": "array", "minItems": 1, "items": item,
                  "description": f"at most {batch} (--max-client-batch-size, else 413)"}
     rerank_result = {"type": "object", "required": ["index", "relevance_score"],
-                     "properties": {"index": _INT, "relevance_score": _NUMBER_OR_NULL, "document": {"type": "object"}}}
+                     "properties": {"index": _INT, "relevance_score": _NUMBER_OR_NULL,
+                                    "document": {"type": ["object", "array"],
+                                                 "description": "{text} for a string, else the item as sent"}}}
     listed_model = {"type": "object", "required": ["id", "object"],
                     "properties": {"id": _STRING, "object": {"const": "model"}, "aliases": {"type": "array"},
                                    "tags": {"type": "array"}, "created": _INT, "owned_by": _STRING,
@@ -91,8 +99,12 @@ def _schemas(settings: Settings) -> dict[str, Schema]:
                 "model": _STRING, "object": {"const": "list"}, "usage": usage,
                 "data": {"type": "array", "items": {
                     "type": "object", "required": ["embedding", "index", "object"],
-                    "properties": {"embedding": {"anyOf": [{"type": "array", "items": _NUMBER_OR_NULL},
-                                                           {"type": "string", "contentEncoding": "base64"}]},
+                    "properties": {"embedding": {
+                        "anyOf": [{"type": "array", "items": _NUMBER_OR_NULL},
+                                  {"type": "array", "items": {"type": "array", "items": _NUMBER_OR_NULL}},
+                                  {"type": "string", "contentEncoding": "base64"}],
+                        "description": "one vector; a multi-vector model's [n_tokens, d] rows (base64: row-major "
+                                       "float32)"},
                                    "index": _INT, "object": {"const": "embedding"},
                                    "encoding_format": {"const": "base64"}}}}}},
         "LlamaEmbeddings": {
@@ -100,14 +112,15 @@ def _schemas(settings: Settings) -> dict[str, Schema]:
                 "type": "object", "required": ["index", "embedding"],
                 "properties": {"index": _INT, "embedding": {
                     "type": "array", "items": {"type": "array", "items": _NUMBER_OR_NULL},
-                    "description": "one pooled vector, or one row per token with --pooling none"}}}},
+                    "description": "one pooled vector, or one row per token with --pooling none and for "
+                                   "multi-vector models"}}}},
         "RerankRequest": {
             "type": "object", "required": ["query"],
             "description": "llama-server / Jina / Cohere / TEI rerank request; `documents` or `texts` (TEI: the "
                            "`texts` key selects TEI's answer shape) is required. Ignored: priority, relevant_spans, "
                            "raw_scores, max_chunks_per_doc, max_tokens_per_doc, truncation_direction.",
             "properties": {
-                "query": _STRING, "documents": _nullable(documents), "texts": _nullable(documents),
+                "query": item, "documents": _nullable(documents), "texts": _nullable(documents),
                 "top_n": _nullable({"type": "integer", "minimum": 0}),
                 "return_documents": _nullable(_BOOL), "return_text": _nullable(_BOOL),
                 "truncate": _nullable(_BOOL), "instruction": _nullable(_STRING), "model": _MODEL,
@@ -175,6 +188,9 @@ _EMBED = {"post": {"summary": "embeddings in llama-server's shape", "requestBody
 _RERANK = {"post": {"summary": "rerank documents (llama-server / Jina / Cohere v1; TEI's bare array when the body "
                                "has `texts`)", "requestBody": _body("RerankRequest"),
                     "responses": _ok(_one_of("Rerank", "TeiRerank"))}}
+_MAXSIM = {"post": {"summary": "a multi-vector model's MaxSim scores of the query against each document, in the "
+                               "rerank routes' shapes (400 for any other model)", "requestBody": _body("RerankRequest"),
+                    "responses": _ok(_one_of("Rerank", "TeiRerank"))}}
 _HEALTH = {"get": {"summary": "readiness: 200 when serving, 503 while loading or draining",
                    "responses": _ok(_ref("Health"))}}
 _MODELS = {"get": {"summary": "the served models", "parameters": [_RELOAD_QUERY],
@@ -195,6 +211,8 @@ _OPERATIONS: dict[str, dict[str, Schema]] = {
     "/embedding": _EMBED,
     "/embeddings": _EMBED,
     **{path: _RERANK for path in ("/rerank", "/reranking", "/v1/rerank", "/v1/reranking")},
+    "/maxsim": _MAXSIM,
+    "/v1/maxsim": _MAXSIM,
     "/v2/rerank": {"post": {"summary": "rerank documents (Cohere v2)", "requestBody": _body("RerankRequest"),
                             "responses": _ok(_ref("CohereV2Rerank"))}},
     "/tokenize": {"post": {"summary": "text to token ids", "requestBody": _body("TokenizeRequest"),

@@ -8,6 +8,7 @@ result. Nothing else in the project reads argv or LLAMA_ARG_* variables.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import re
 import stat
@@ -896,6 +897,12 @@ def shared_option(name: str, **changes: Any) -> Any:
     return Field(default_factory=list, json_schema_extra=extra) if default == [] else Field(default, json_schema_extra=extra)
 
 
+# Settings fields whose EngineOptions counterpart (Settings.engine_options) is named otherwise, and the
+# EngineOptions fields that name the checkpoint (an offline command passes its -m/-hf as the model reference).
+_ENGINE_FIELD = {"ubatch_size": "ubatch_tokens"}
+_MODEL_REFERENCE = {"model_path", "hf_repo", "hf_file"}
+
+
 class _ModelOptions(ExplicitSettings):
     """What both commands share: the model, how it is loaded, and its limits."""
 
@@ -918,11 +925,22 @@ class _ModelOptions(ExplicitSettings):
     verbose: bool = option(False, flags=["-v", "--verbose"], kind="flag", group="output",
                            help="log what the engine does (the load, its limits) on stderr")
 
-    # Settings fields these map onto, for the engine's options (one conversion: Settings.engine_options).
-    _ENGINE_FIELDS = ("hf_repo", "offline", "truncate", "max_seq", "ubatch_size", "threads")
+    @classmethod
+    def shared_fields(cls) -> dict[str, str]:
+        """This command's field -> the Settings field it shares (every option declared with shared_option)."""
+        return {name: info.json_schema_extra["server_field"] for name, info in cls.model_fields.items()
+                if isinstance(info.json_schema_extra, dict) and "server_field" in info.json_schema_extra}
 
-    def engine_settings(self, **more: Any) -> Settings:
-        return Settings(**{name: getattr(self, name) for name in self._ENGINE_FIELDS}, **more)
+    def engine_settings(self) -> Settings:
+        """The server's Settings with this command's shared options set (the rest at the server's defaults)."""
+        return Settings(**{server: getattr(self, name) for name, server in self.shared_fields().items()})
+
+    def engine_kwargs(self) -> dict[str, Any]:
+        """engine.Encoder / engine.Reranker options: the EngineOptions fields this command's shared options set,
+        through the server's own conversion (Settings.engine_options); the model reference is not among them."""
+        opts = self.engine_settings().engine_options(None)
+        set_here = {_ENGINE_FIELD.get(server, server) for server in self.shared_fields().values()} - _MODEL_REFERENCE
+        return {f.name: getattr(opts, f.name) for f in dataclasses.fields(opts) if f.name in set_here}
 
 
 class EmbedCommand(_ModelOptions):
@@ -970,8 +988,10 @@ class EmbedCommand(_ModelOptions):
     ray_actors: int = option(2, flags=["--ray-actors"], metavar="N", group="ray",
                              help="actors embedding at once, one engine each (each takes -t CPUs, default 1)")
 
-    def engine_settings(self, **more: Any) -> Settings:
-        return super().engine_settings(pooling=self.pooling, max_batch_tokens=self.max_batch_tokens, **more)
+    def encode_kwargs(self) -> dict[str, Any]:
+        """Encoder.embed / encode_rows keyword arguments this command's options set (a corpus run's and -p's)."""
+        return {"normalize": self.embd_normalize, "dimensions": self.dimensions, "prompt_name": self.prompt_name,
+                "instruction": self.instruction, "batch_size": self.batch_size or None}
 
     def corpus_flags_given(self) -> list[str]:
         """The corpus-mode options (--output, --resume, --ray, ...) set away from their defaults: without --input
@@ -995,15 +1015,17 @@ class RerankCommand(_ModelOptions):
         "model", help="a reranker: a folder in Hugging Face layout, a .gguf file, or an org/name repository of the "
                       "Hugging Face cache (-m or -hf is required)")
     query: str | None = option(None, flags=["-q", "--query"], metavar="TEXT", group="input",
-                               help="the query")
+                               help="the query (with --query-image: the text after its image)")
     document: list[str] = option([], flags=["-d", "--document"], kind="repeated", metavar="TEXT", group="input",
                                  help="a document to score; repeat for several")
+    image: list[str] = option([], flags=["--image"], kind="repeated", metavar="FILE", group="input",
+                              help="an image file to score as a document (rerankers that take images, e.g. "
+                                   "Qwen3-VL-Reranker); repeat for several; image documents follow the text ones")
+    query_image: str | None = option(None, flags=["--query-image"], metavar="FILE", group="input",
+                                     help="an image file as the query (rerankers that take images), -q's text after it")
     top_n: int | None = option(None, flags=["--top-n"], metavar="N", group="output",
                                help="rank only the N best documents (scores still list every document)")
     rerank_sigmoid: bool = shared_option("rerank_sigmoid")
-
-    def engine_settings(self, **more: Any) -> Settings:
-        return super().engine_settings(rerank_sigmoid=self.rerank_sigmoid, **more)
 
     @field_validator("top_n")
     @classmethod
@@ -1021,6 +1043,8 @@ _COMMAND_USAGE = {
                    "Embeds texts with the server's engine (same loader, pooling, normalization and batching), no "
                    "listener."],
     RerankCommand: ["usage: mlx-rerank [-m REF | -hf REPO] -q QUERY -d DOC [-d DOC ...] [options]",
+                    "       mlx-rerank [-m REF | -hf REPO] [-q QUERY] [--query-image FILE] [-d DOC ...] "
+                    "[--image FILE ...] [options]",
                     "",
                     "Scores documents against a query with the server's engine and its score contract."],
 }

@@ -15,8 +15,9 @@ import orjson
 
 from compat.settings import EmbedCommand, RerankCommand, SettingsError
 from compat.wire.rerank import ranked_indices
-from engine import DEFAULT_MODEL_NAME, Encoder, Reranker, default_model
+from engine import DEFAULT_MODEL_NAME, Encoder, ImageInput, Reranker, default_model, maxsim
 from engine.errors import EngineError
+from engine.types import RerankItem
 
 __all__ = ["EngineError", "embed_texts", "rerank_documents"]
 
@@ -39,19 +40,6 @@ def model_ref(command: EmbedCommand | RerankCommand, *, bundled_default: bool) -
         raise SettingsError("no model given: use -m PATH or -hf REPO" +
                             (" (the bundled default model is not installed)" if bundled_default else ""))
     return bundled, DEFAULT_MODEL_NAME
-
-
-def encoder_options(command: EmbedCommand) -> dict[str, Any]:
-    """The engine options the command line sets, through the server's own conversion (Settings.engine_options)."""
-    opts = command.engine_settings().engine_options(None)
-    return {name: getattr(opts, name) for name in ("offline", "pooling", "ubatch_tokens", "truncate",
-                                                   "max_batch_tokens", "max_seq", "threads")}
-
-
-def reranker_options(command: RerankCommand) -> dict[str, Any]:
-    opts = command.engine_settings().engine_options(None)
-    return {name: getattr(opts, name) for name in ("offline", "ubatch_tokens", "truncate", "max_seq", "threads",
-                                                   "rerank_sigmoid")}
 
 
 def _json(value: Any) -> bytes:
@@ -79,18 +67,22 @@ def embed_texts(command: EmbedCommand, out: TextIO) -> int:
                             "--output OUT.parquet")
     images = [_read_image(path) for path in command.image]
     ref, name = model_ref(command, bundled_default=True)
-    with Encoder(ref, **encoder_options(command)) as encoder:
+    labels = [*command.prompt, *(f"[image] {path}" for path in command.image)]
+    with Encoder(ref, **command.engine_kwargs()) as encoder:
+        if encoder.info.multi_vector:
+            if command.dimensions is not None:
+                raise SettingsError("--dimensions: a multi-vector model keeps its token vectors' full width")
+            found = encoder.embed_token_vectors(command.prompt, images, batch_size=command.batch_size or None)
+            return _print_token_vectors(found.rows, found.n_tokens, labels, name, command.json_output, out)
         parts = []
         if command.prompt:
-            parts.append(encoder.embed(command.prompt, normalize=command.embd_normalize, dimensions=command.dimensions,
-                                       prompt_name=command.prompt_name, instruction=command.instruction,
-                                       batch_size=command.batch_size or None))
+            parts.append(encoder.embed(command.prompt, **command.encode_kwargs()))
         if images:
             parts.append(encoder.embed_images(images, normalize=command.embd_normalize, dimensions=command.dimensions,
-                                              batch_size=command.batch_size or None))
+                                              batch_size=command.batch_size or None, prompt_name=command.prompt_name,
+                                              instruction=command.instruction))
     vectors = np.concatenate([part.vectors for part in parts])
     n_tokens = [n for part in parts for n in part.n_tokens]
-    labels = [*command.prompt, *(f"[image] {path}" for path in command.image)]
     similarity = cosine_matrix(vectors)
     if command.json_output:
         out.write(_json({"model": name, "embeddings": vectors.astype(np.float64),
@@ -99,27 +91,62 @@ def embed_texts(command: EmbedCommand, out: TextIO) -> int:
     for i, (vector, count) in enumerate(zip(vectors, n_tokens)):
         out.write(f"embedding {i} ({count} tokens, {len(vector)} values): "
                   + " ".join(f"{x:.6f}" for x in vector) + "\n")
-    if len(labels) >= 2:
-        out.write("\ncosine similarity matrix:\n")
-        out.write(" " * 4 + "".join(f"{j:>9}" for j in range(len(labels))) + "\n")
-        for i, row in enumerate(similarity):
-            out.write(f"{i:>4}" + "".join(f"{x:>9.4f}" for x in row) + f"   {_preview(labels[i])}\n")
+    _print_matrix("cosine similarity matrix", similarity, labels, out)
     return 0
 
 
-def _read_image(path: str) -> bytes:
+def maxsim_matrix(rows: list[np.ndarray]) -> np.ndarray:
+    """MaxSim of every input (as the query, the row) against every input (as the document, the column)."""
+    return np.array([[maxsim(query, document) for document in rows] for query in rows])
+
+
+def _print_token_vectors(rows: list[np.ndarray], n_tokens: list[int], labels: list[str], name: str,
+                         json_output: bool, out: TextIO) -> int:
+    """A multi-vector model's answer: each input's token rows, and the MaxSim matrix in place of cosine."""
+    similarity = maxsim_matrix(rows)
+    if json_output:
+        out.write(_json({"model": name, "embeddings": [r.astype(np.float64) for r in rows],
+                         "shapes": [list(r.shape) for r in rows], "prompt_tokens": sum(n_tokens),
+                         "similarity_kind": "maxsim", "similarity": similarity}).decode() + "\n")
+        return 0
+    for i, (vectors, count) in enumerate(zip(rows, n_tokens)):
+        out.write(f"embedding {i} ({count} tokens, {vectors.shape[0]} rows of {vectors.shape[1]} values):\n")
+        for row in vectors:
+            out.write("  " + " ".join(f"{x:.6f}" for x in row) + "\n")
+    _print_matrix("MaxSim similarity matrix (row: the query, column: the document; raw sums over the query's "
+                  "token vectors)", similarity, labels, out)
+    return 0
+
+
+def _print_matrix(title: str, matrix: np.ndarray, labels: list[str], out: TextIO) -> None:
+    if len(labels) < 2:
+        return
+    out.write(f"\n{title}:\n")
+    out.write(" " * 4 + "".join(f"{j:>9}" for j in range(len(labels))) + "\n")
+    for i, row in enumerate(matrix):
+        out.write(f"{i:>4}" + "".join(f"{x:>9.4f}" for x in row) + f"   {_preview(labels[i])}\n")
+
+
+def _read_image(path: str, flag: str = "--image") -> bytes:
     try:
         return Path(path).read_bytes()
     except OSError as exc:
-        raise SettingsError(f"--image {path}: {exc.strerror or exc}") from None
+        raise SettingsError(f"{flag} {path}: {exc.strerror or exc}") from None
 
 
 def rerank_documents(command: RerankCommand, out: TextIO) -> int:
-    if command.query is None or not command.document:
-        raise SettingsError("give a query and at least one document: -q QUERY -d DOC [-d DOC ...]")
+    if (command.query is None and command.query_image is None) or not (command.document or command.image):
+        raise SettingsError("give a query and at least one document: -q QUERY -d DOC [-d DOC ...] "
+                            "(or --query-image FILE, --image FILE)")
+    query: RerankItem = command.query or ""
+    if command.query_image is not None:
+        image = _read_image(command.query_image, "--query-image")
+        query = ImageInput((image, command.query) if command.query else (image,))
+    documents: list[RerankItem] = [*command.document, *(ImageInput.image(_read_image(path)) for path in command.image)]
+    labels = [*command.document, *(f"[image] {path}" for path in command.image)]
     ref, name = model_ref(command, bundled_default=False)
-    with Reranker(ref, **reranker_options(command)) as reranker:
-        scores, n_tokens = reranker.score(command.query, command.document, instruction=command.instruction)
+    with Reranker(ref, **command.engine_kwargs()) as reranker:
+        scores, n_tokens = reranker.score(query, documents, instruction=command.instruction)
         kind = reranker.kind
     order = ranked_indices(list(scores), command.top_n)
     if command.json_output:
@@ -128,8 +155,8 @@ def rerank_documents(command: RerankCommand, out: TextIO) -> int:
                          "prompt_tokens": sum(n_tokens)}).decode() + "\n")
         return 0
     for i, score in enumerate(scores):
-        out.write(f"score {i}: {score:.6f}   {_preview(command.document[i])}\n")
+        out.write(f"score {i}: {score:.6f}   {_preview(labels[i])}\n")
     out.write("\nranking:\n")
     for place, i in enumerate(order, 1):
-        out.write(f"{place:>4}. document {i}  {scores[i]:.6f}   {_preview(command.document[i])}\n")
+        out.write(f"{place:>4}. document {i}  {scores[i]:.6f}   {_preview(labels[i])}\n")
     return 0

@@ -10,7 +10,8 @@ malloc.keep_freed_memory()
 
 from engine import errors  # noqa: E402
 from engine.checkpoint import default_model  # noqa: E402
-from engine.normalize import normalize_embedding  # noqa: E402
+from engine.normalize import check_dimensions, normalize_embedding  # noqa: E402
+from engine.maxsim import maxsim  # noqa: E402
 from engine.offline import Encoder, Reranker  # noqa: E402
 from engine.residency import Lease, Residency  # noqa: E402
 from engine.service import Engine  # noqa: E402
@@ -30,4 +31,4 @@ from engine.types import (  # noqa: E402
 
 __all__ = ["DEFAULT_MODEL_NAME", "EmbedResult", "Encoder", "Engine", "EngineOptions", "ImageInput", "Lease",
            "ModelInfo", "ModelState", "Pooling", "RerankResult", "Reranker", "Residency", "ResidencyStatus", "Timings",
-           "VocabType", "default_model", "errors", "normalize_embedding"]
+           "VocabType", "check_dimensions", "default_model", "errors", "maxsim", "normalize_embedding"]

@@ -8,11 +8,11 @@ import json
 from datetime import datetime
 from typing import Any
 
-from jinja2 import TemplateError
+from jinja2 import Template, TemplateError
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from engine.checkpoint import Checkpoint
+from engine.checkpoint import Checkpoint, special_token_text
 from engine.errors import InvalidInput, UnsupportedCheckpoint
 
 # What sentence-transformers looks for in a template to decide that message content is a list of typed parts.
@@ -35,12 +35,6 @@ def chat_template(checkpoint: Checkpoint) -> str | None:
     return template if isinstance(template, str) and template else None
 
 
-def _token_text(value: Any) -> str | None:
-    if isinstance(value, dict):  # a serialized AddedToken
-        value = value.get("content")
-    return value if isinstance(value, str) else None
-
-
 def _raise_exception(message: str) -> None:
     raise TemplateError(message)
 
@@ -48,6 +42,24 @@ def _raise_exception(message: str) -> None:
 def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators=None,
             sort_keys: bool = False) -> str:
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def compile_template(checkpoint: Checkpoint, source: str) -> Template:
+    """A chat template in transformers' rendering environment: trim_blocks, lstrip_blocks, loop controls,
+    its tojson, raise_exception and strftime_now."""
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env.filters["tojson"] = _tojson
+    env.globals.update(raise_exception=_raise_exception, strftime_now=lambda fmt: datetime.now().strftime(fmt))
+    try:
+        return env.from_string(source)
+    except TemplateError as exc:
+        raise UnsupportedCheckpoint(f"{checkpoint.path}: invalid chat template: {exc}") from exc
+
+
+def template_variables(checkpoint: Checkpoint) -> dict[str, Any]:
+    """The special tokens a template may name (bos_token, eos_token, ...), as transformers passes them."""
+    specials = {**checkpoint.tokenizer_config, **checkpoint.special_tokens}
+    return {key: text for key in _SPECIAL_TOKEN_KEYS if (text := special_token_text(specials.get(key))) is not None}
 
 
 class ChatInputs:
@@ -58,15 +70,7 @@ class ChatInputs:
         if source is None:
             raise UnsupportedCheckpoint(f"{checkpoint.path}: sentence_bert_config.json sends texts as chat messages "
                                         "(modality 'message') but the tokenizer has no chat template")
-        # transformers' rendering environment: trim_blocks, lstrip_blocks, loop controls, its tojson.
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
-        env.filters["tojson"] = _tojson
-        env.globals.update(raise_exception=_raise_exception,
-                           strftime_now=lambda fmt: datetime.now().strftime(fmt))
-        try:
-            self._template = env.from_string(source)
-        except TemplateError as exc:
-            raise UnsupportedCheckpoint(f"{checkpoint.path}: invalid chat template: {exc}") from exc
+        self._template = compile_template(checkpoint, source)
         fmt = (checkpoint.message_modality or {}).get("format", "auto")
         if fmt == "auto":
             fmt = "structured" if any(hint in source for hint in _STRUCTURED_HINTS) else "flat"
@@ -74,9 +78,7 @@ class ChatInputs:
             raise UnsupportedCheckpoint(f"{checkpoint.path}: message format {fmt!r} is not supported "
                                         "(flat, structured)")
         self.structured = fmt == "structured"
-        specials = {**checkpoint.tokenizer_config, **checkpoint.special_tokens}
-        self._variables: dict[str, Any] = {key: text for key in _SPECIAL_TOKEN_KEYS
-                                           if (text := _token_text(specials.get(key))) is not None}
+        self._variables = template_variables(checkpoint)
         self._variables["add_generation_prompt"] = False
         self._variables.update({k: v for k, v in checkpoint.chat_template_kwargs.items()
                                 if k not in _NOT_RENDER_KWARGS})

@@ -73,8 +73,16 @@ class Checkpoint:
         if index.exists():
             names = sorted(set(_read_json(index)["weight_map"].values()))
             return [self.path / n for n in names]
+        _refuse_adapter(self.path)
         raise UnsupportedCheckpoint(
             f"{self.path}: no model.safetensors (or index) found; only safetensors checkpoints are supported")
+
+
+def _refuse_adapter(path: Path) -> None:
+    """A PEFT adapter (vidore/colqwen2.5-v0.2, colSmol, LLM2Vec): we load whole models, never merge adapters."""
+    if (path / "adapter_model.safetensors").is_file() or (path / "adapter_config.json").is_file():
+        raise UnsupportedCheckpoint(f"{path}: a PEFT adapter (adapter_model.safetensors), not a whole model; merge it "
+                                    f"into its base model (peft's merge_and_unload) and save the result first")
 
 
 def default_model() -> str | None:
@@ -102,6 +110,7 @@ def resolve(model_path: str | None, hf_repo: str | None, offline: bool, hf_file:
                                          f"Hugging Face model folder")
             return path
         if not (path / "config.json").is_file():
+            _refuse_adapter(path)
             raise CheckpointNotFound(f"{model_path}: not a Hugging Face model folder (no config.json) "
                                      f"nor a .gguf file")
         return path
@@ -121,7 +130,7 @@ def read(path: Path, label: str = "") -> Checkpoint:
     config = _read_json(path / "config.json")
     tokenizer_config = _read_json_optional(path / "tokenizer_config.json")
     special_tokens = _read_json_optional(path / "special_tokens_map.json")
-    module_types = _read_module_types(path)
+    modules = _read_json_optional(path / "modules.json") or []  # sentence-transformers' module list
     pooling = _read_pooling(path / "1_Pooling" / "config.json")
     prompts, default_prompt_name = _read_prompts(path / "config_sentence_transformers.json")
     sbert = _read_json_optional(path / "sentence_bert_config.json")
@@ -131,18 +140,27 @@ def read(path: Path, label: str = "") -> Checkpoint:
         config=config,
         tokenizer_config=tokenizer_config,
         special_tokens=special_tokens,
-        module_types=module_types,
+        module_types=_module_types(modules, path / "modules.json"),
         pooling=pooling,
-        max_seq_length=_read_max_seq_length(path, tokenizer_config),
+        max_seq_length=_max_seq_length(sbert, tokenizer_config),
         prompts=prompts,
         default_prompt_name=default_prompt_name,
         message_modality=message if isinstance(message, dict) else None,
         chat_template_kwargs=dict((sbert.get("processing_kwargs") or {}).get("chat_template") or {}),
-        dense_folders=_read_dense_folders(path),
+        dense_folders=tuple(path / str(m.get("path", "")) for m in modules
+                            if str(m.get("type", "")).endswith(".Dense")),
     )
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def special_token_text(value: object) -> str | None:
+    """A special token as tokenizer_config.json and special_tokens_map.json write it: a string, or a serialized
+    AddedToken ({"content": ...}); None when it is absent or neither."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError as exc:
@@ -151,16 +169,13 @@ def _read_json(path: Path) -> dict[str, Any]:
         raise UnsupportedCheckpoint(f"{path}: invalid JSON: {exc}") from exc
 
 
-def _read_json_optional(path: Path) -> dict[str, Any]:
+def _read_json_optional(path: Path) -> Any:
     return _read_json(path) if path.is_file() else {}
 
 
-def _read_module_types(path: Path) -> tuple[str, ...]:
-    modules_file = path / "modules.json"
-    if not modules_file.is_file():
-        return ()
+def _module_types(modules: list[dict[str, Any]], modules_file: Path) -> tuple[str, ...]:
     names = []
-    for module in json.loads(modules_file.read_text(encoding="utf-8")):
+    for module in modules:
         name = str(module.get("type", "")).rsplit(".", 1)[-1]
         if name not in _KNOWN_MODULES:
             raise UnsupportedCheckpoint(
@@ -169,14 +184,6 @@ def _read_module_types(path: Path) -> tuple[str, ...]:
         # A listed folder may be absent (MiniLM lists a 2_Normalize folder it does not ship): fine.
         names.append(name)
     return tuple(names)
-
-
-def _read_dense_folders(path: Path) -> tuple[Path, ...]:
-    modules_file = path / "modules.json"
-    if not modules_file.is_file():
-        return ()
-    modules = json.loads(modules_file.read_text(encoding="utf-8"))
-    return tuple(path / str(m.get("path", "")) for m in modules if str(m.get("type", "")).endswith(".Dense"))
 
 
 def _read_pooling(path: Path) -> Pooling | None:
@@ -212,8 +219,7 @@ def _read_prompts(path: Path) -> tuple[dict[str, str], str | None]:
     return dict(prompts), default
 
 
-def _read_max_seq_length(path: Path, tokenizer_config: dict[str, Any]) -> int | None:
-    sbert = _read_json_optional(path / "sentence_bert_config.json")
+def _max_seq_length(sbert: dict[str, Any], tokenizer_config: dict[str, Any]) -> int | None:
     if isinstance(sbert.get("max_seq_length"), int) and sbert["max_seq_length"] > 0:
         return sbert["max_seq_length"]
     # sentence-transformers >= 6 moved max_seq_length here.

@@ -42,12 +42,7 @@ class ImageProcessor:
     @classmethod
     def from_checkpoint(cls, folder: Path, image_size: int) -> ImageProcessor:
         """preprocessor_config.json's recipe, or the family's default one (a square of the tower's size)."""
-        path = folder / "preprocessor_config.json"
-        config = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-        kind = config.get("image_processor_type", "SiglipImageProcessor")
-        if kind not in _FIXED_SIZE_PROCESSORS:
-            raise UnsupportedCheckpoint(f"{path}: image processor {kind!r} is not supported "
-                                        f"(supported: {', '.join(sorted(_FIXED_SIZE_PROCESSORS))})")
+        path, config = read_processor_config(folder, _FIXED_SIZE_PROCESSORS, "SiglipImageProcessor")
         merged = {**_DEFAULTS, **config}
         size = merged.get("size") or {"height": image_size, "width": image_size}
         if set(size) != {"height", "width"}:
@@ -65,19 +60,37 @@ class ImageProcessor:
         """Encoded image -> float32 [3, height, width]."""
         image = decode(data, max_pixels)
         if self.do_convert_rgb or image.mode != "RGB":
-            image = _to_rgb(image)
+            image = to_rgb(image)
         if self.do_resize:
             image = image.resize((self.width, self.height), resample=self.resample)
         elif image.size != (self.width, self.height):
             raise InvalidImage(f"the image is {image.width}x{image.height}; this model takes "
                                f"{self.width}x{self.height} and its processor does not resize")
-        pixels = np.asarray(image)
-        if self.do_rescale:  # in float64, then float32: the reference processor's order of rounding
-            pixels = (pixels.astype(np.float64) * self.rescale_factor).astype(np.float32)
-        pixels = pixels.astype(np.float32)
-        if self.do_normalize:
-            pixels = (pixels - np.array(self.mean, np.float32)) / np.array(self.std, np.float32)
+        pixels = rescale_and_normalize(np.asarray(image), self.rescale_factor if self.do_rescale else None,
+                                       (self.mean, self.std) if self.do_normalize else None)
         return np.ascontiguousarray(pixels.transpose(2, 0, 1))
+
+
+def read_processor_config(folder: Path, supported: set[str], default_kind: str) -> tuple[Path, dict]:
+    """preprocessor_config.json ({} when absent), refused unless its image_processor_type is one we reproduce."""
+    path = folder / "preprocessor_config.json"
+    config = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    kind = config.get("image_processor_type", default_kind)
+    if kind not in supported:
+        raise UnsupportedCheckpoint(f"{path}: image processor {kind!r} is not supported "
+                                    f"(supported: {', '.join(sorted(supported))})")
+    return path, config
+
+
+def rescale_and_normalize(pixels: np.ndarray, rescale_factor: float | None,
+                          mean_std: tuple[tuple[float, ...], tuple[float, ...]] | None) -> np.ndarray:
+    """uint8 [H, W, C] -> float32, each step optional, rounded in the reference processors' order."""
+    if rescale_factor is not None:  # in float64, then float32
+        pixels = (pixels.astype(np.float64) * rescale_factor).astype(np.float32)
+    pixels = pixels.astype(np.float32)
+    if mean_std is not None:
+        pixels = (pixels - np.array(mean_std[0], np.float32)) / np.array(mean_std[1], np.float32)
+    return pixels
 
 
 def decode(data: bytes, max_pixels: int):
@@ -103,7 +116,7 @@ def decode(data: bytes, max_pixels: int):
     return image
 
 
-def _to_rgb(image):
+def to_rgb(image):
     """RGB, compositing any transparency onto white (what the reference processor does)."""
     from PIL import Image
 

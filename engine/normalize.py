@@ -1,7 +1,19 @@
-"""llama.cpp's common_embd_normalize, bit for bit in the order of its arithmetic."""
+"""llama.cpp's common_embd_normalize, bit for bit in the order of its arithmetic, and the Matryoshka cut before it."""
 from __future__ import annotations
 
 import numpy as np
+
+from engine.errors import InvalidInput
+
+
+def check_dimensions(dimensions: object, width: int) -> int:
+    """How many components to keep (Matryoshka): `dimensions`, checked against the model's width; None: all.
+    The server's `dimensions` field and the Encoder's argument both come through here."""
+    if dimensions is None:
+        return width
+    if isinstance(dimensions, bool) or not isinstance(dimensions, (int, np.integer)) or not 1 <= dimensions <= width:
+        raise InvalidInput(f'"dimensions" must be an integer from 1 to {width} (the model\'s embedding width)')
+    return int(dimensions)
 
 
 def normalize_embedding(vec: np.ndarray, p: int) -> np.ndarray:

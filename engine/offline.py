@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from engine.errors import InvalidInput
-from engine.normalize import normalize_embedding
+from engine.errors import InputTooLong, InvalidInput
+from engine.normalize import check_dimensions, normalize_embedding
 from engine.service import Engine
-from engine.types import EngineOptions, ImageInput, ModelInfo, Pooling
+from engine.types import EngineOptions, ImageInput, ModelInfo, Pooling, RerankItem
 
 # Inputs handed to the engine at once: under its queue bound, large enough to sort by length and fill batches.
 SUBMIT_CHUNK = 1024
@@ -43,16 +43,6 @@ def normalization(normalize: bool | int) -> int:
     if isinstance(normalize, bool):
         return 2 if normalize else -1
     return int(normalize)
-
-
-def check_dimensions(dimensions: int | None, width: int) -> int:
-    """How many components to keep (Matryoshka): `dimensions`, checked against the model's width; None: all."""
-    if dimensions is None:
-        return width
-    if isinstance(dimensions, bool) or not isinstance(dimensions, (int, np.integer)) or not 1 <= dimensions <= width:
-        raise InvalidInput(f"dimensions must be an integer from 1 to {width} (the model's embedding width), "
-                           f"not {dimensions!r}")
-    return int(dimensions)
 
 
 class _Loaded:
@@ -85,6 +75,15 @@ class Embedded:
     """`Encoder.embed`'s answer: vectors [n, d] float32 and each input's token count."""
 
     vectors: np.ndarray
+    n_tokens: list[int]
+
+
+@dataclass
+class TokenVectors:
+    """`Encoder.embed_token_vectors`' answer: a multi-vector model's float32 [n_tokens, d] rows per input (each
+    row L2-normalized by the model) and each input's token count (image tokens included)."""
+
+    rows: list[np.ndarray]
     n_tokens: list[int]
 
 
@@ -140,37 +139,62 @@ class Encoder(_Loaded):
             texts = [texts]
         p = normalization(normalize)
         check_dimensions(dimensions, self.info.n_embd)
+        if self.info.vision_language:  # the family formats its texts itself (engine/vlm.py)
+            self._one_vector_per_input()
+            raw, n_tokens = self._embed_prompts([[text] for text in texts], batch_size, prompt_name, instruction)
+            return Embedded(self._finish(raw, p, dimensions), n_tokens)
         token_lists = self.engine.tokenizer.encode_prompts(self._prompts(list(texts), prompt_name, instruction))
         raw, n_tokens = self._embed(token_lists, batch_size)
         return Embedded(self._finish(raw, p, dimensions), n_tokens)
 
     def embed_images(self, images: Sequence[bytes | str | Path], *, normalize: bool | int = True,
-                     dimensions: int | None = None, batch_size: int | None = None) -> Embedded:
-        """Vectors for images (encoded bytes, or image file paths) with what each counts as (its patches), for
-        models that take images; a bad one raises InvalidImage naming it, as the server answers 400."""
+                     dimensions: int | None = None, batch_size: int | None = None, prompt_name: str | None = None,
+                     instruction: str | None = None) -> Embedded:
+        """Vectors for images (encoded bytes, or image file paths) with what each counts as (its tokens), for
+        models that take images; a bad one raises InvalidImage naming it, as the server answers 400.
+        prompt_name / instruction reach the families that build their own prompts (engine/vlm.py) only."""
         p = normalization(normalize)
         check_dimensions(dimensions, self.info.n_embd)
-        inputs = [ImageInput(image if isinstance(image, bytes) else Path(image).read_bytes()) for image in images]
-        raw, n_tokens = self._embed(inputs, batch_size)
+        self._one_vector_per_input()
+        raw, n_tokens = self._embed_prompts(_image_inputs(images), batch_size, prompt_name, instruction)
         return Embedded(self._finish(raw, p, dimensions), n_tokens)
 
-    def _embed(self, token_lists: list[list[int] | ImageInput],
-               batch_size: int | None) -> tuple[list[np.ndarray], list[int]]:
-        """Raw pooled vectors and token counts, in order."""
+    def embed_token_vectors(self, texts: Sequence[str] = (), images: Sequence[bytes | str | Path] = (), *,
+                            batch_size: int | None = None) -> TokenVectors:
+        """A multi-vector (late-interaction) model's token vectors: texts, then images (encoded bytes or file
+        paths), one [n_tokens, d] array each; score them with engine.maxsim."""
+        if not self.info.multi_vector:
+            raise InvalidInput("this model gives one vector per input: use embed / embed_images")
+        rows, n_tokens = self._embed_prompts([*([text] for text in texts), *_image_inputs(images)], batch_size)
+        return TokenVectors(rows, n_tokens)
+
+    def _one_vector_per_input(self) -> None:
+        if self.info.multi_vector:
+            raise InvalidInput("this model is multi-vector (one vector per token): use embed_token_vectors")
         if self.info.pooling is Pooling.NONE:
             raise InvalidInput("pooling 'none' gives one vector per token; Encoder returns one vector per text")
+
+    def _chunks(self, n: int, batch_size: int | None) -> list[slice]:
+        """The engine batches what it is given; handing it `chunk` inputs at a time bounds a pass's rows."""
         chunk = SUBMIT_CHUNK if batch_size is None else batch_size
         if chunk < 1:
             raise InvalidInput(f"batch_size must be at least 1, not {batch_size}")
         chunk = min(chunk, self.engine.options.max_queue_items)
-        vectors: list[np.ndarray] = []
-        n_tokens: list[int] = []
-        # the engine batches what it is given; handing it `chunk` texts at a time bounds a forward pass's rows
-        for start in range(0, len(token_lists), chunk):
-            result = self.engine.embed(token_lists[start:start + chunk])
-            vectors += result.vectors
-            n_tokens += result.n_tokens
-        return vectors, n_tokens
+        return [slice(start, start + chunk) for start in range(0, n, chunk)]
+
+    def _embed(self, token_lists: list[list[int]], batch_size: int | None) -> tuple[list[np.ndarray], list[int]]:
+        """Raw pooled vectors and token counts, in order."""
+        self._one_vector_per_input()
+        results = [self.engine.embed(token_lists[part]) for part in self._chunks(len(token_lists), batch_size)]
+        return [v for r in results for v in r.vectors], [n for r in results for n in r.n_tokens]
+
+    def _embed_prompts(self, prompts: list[list[str] | ImageInput], batch_size: int | None,
+                       prompt_name: str | None = None,
+                       instruction: str | None = None) -> tuple[list[np.ndarray], list[int]]:
+        """Raw vectors (or rows) and token counts of text prompts and images, through engine.embed_prompts."""
+        results = [self.engine.embed_prompts(prompts[part], prompt_name=prompt_name, instruction=instruction)
+                   for part in self._chunks(len(prompts), batch_size)]
+        return [v for r in results for v in r.vectors], [n for r in results for n in r.n_tokens]
 
     def _finish(self, raw: Sequence[np.ndarray], p: int, dimensions: int | None) -> np.ndarray:
         """Keep the first `dimensions` components, then normalize as llama's embd_normalize `p` does."""
@@ -184,8 +208,7 @@ class Encoder(_Loaded):
         """Like encode, but a bad row (missing or empty text, too long without truncation) is reported in
         `errors` instead of failing the others: what a corpus job needs."""
         p = normalization(normalize)
-        info, truncate = self.info, self.engine.options.truncate
-        size = check_dimensions(dimensions, info.n_embd)
+        size = check_dimensions(dimensions, self.info.n_embd)
         errors: list[str | None] = [None] * len(texts)
         for i, text in enumerate(texts):
             if text is None:
@@ -195,25 +218,59 @@ class Encoder(_Loaded):
             elif not text.strip():
                 errors[i] = "empty text"
         present = [i for i, error in enumerate(errors) if error is None]
+        vectors = np.zeros((len(texts), size), np.float32)
+        n_tokens = [0] * len(texts)
+        if self.info.vision_language:  # the family builds each row's prompt itself (engine/vlm.py)
+            self._one_vector_per_input()
+            found = self._embed_built_rows(texts, present, errors, batch_size, prompt_name, instruction)
+            for i, (vector, n) in found.items():
+                vectors[i], n_tokens[i] = self._finish([vector], p, dimensions)[0], n
+            return EncodedRows(vectors, errors, n_tokens)
         encoded = self.engine.tokenizer.encode_prompts(self._prompts([texts[i] for i in present], prompt_name,
                                                                      instruction))
         good: list[int] = []
         token_lists: list[list[int]] = []
         for i, ids in zip(present, encoded):
-            if len(ids) > info.max_input_tokens and not truncate:
-                errors[i] = (f"{len(ids)} tokens, over the model's limit of {info.max_input_tokens} "
-                             f"(--truncate cuts it instead)")
+            try:
+                token_lists.append(self.engine.fit(ids))
+            except InputTooLong as exc:
+                errors[i] = f"{exc} (--truncate cuts it instead)"
+            except InvalidInput as exc:
+                errors[i] = str(exc)
             else:
                 good.append(i)
-                token_lists.append(ids)
-        vectors = np.zeros((len(texts), size), np.float32)
-        n_tokens = [0] * len(texts)
         if good:
             raw, counts = self._embed(token_lists, batch_size)
             vectors[good] = self._finish(raw, p, dimensions)
             for i, n in zip(good, counts):
                 n_tokens[i] = n
         return EncodedRows(vectors, errors, n_tokens)
+
+    def _embed_built_rows(self, texts: Sequence[str | None], rows: list[int], errors: list[str | None],
+                          batch_size: int | None, prompt_name: str | None,
+                          instruction: str | None) -> dict[int, tuple[np.ndarray, int]]:
+        """Raw vectors and token counts of these rows through the family's input builder, by row; a chunk that
+        fails is retried row by row so that only the bad rows carry an error."""
+        def run(group: list[int]) -> dict[int, tuple[np.ndarray, int]]:
+            result = self.engine.embed_prompts([[texts[i]] for i in group], prompt_name=prompt_name,
+                                               instruction=instruction)
+            return dict(zip(group, zip(result.vectors, result.n_tokens)))
+
+        found: dict[int, tuple[np.ndarray, int]] = {}
+        for part in self._chunks(len(rows), batch_size):
+            try:
+                found.update(run(rows[part]))
+                continue
+            except InvalidInput:
+                pass
+            for i in rows[part]:
+                try:
+                    found.update(run([i]))
+                except InputTooLong as exc:
+                    errors[i] = f"{exc} (--truncate cuts it instead)"
+                except InvalidInput as exc:
+                    errors[i] = str(exc)
+        return found
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Ray Data: `batch["text"]` -> the batch with an `embedding` column ([n, d] float32, L2-normalized).
@@ -234,13 +291,14 @@ class Reranker(_Loaded):
     def kind(self) -> str:
         return self.info.kind
 
-    def score(self, query: str, documents: Sequence[str], *,
+    def score(self, query: RerankItem, documents: Sequence[RerankItem], *,
               instruction: str | None = None) -> tuple[np.ndarray, list[int]]:
-        """(scores in document order, tokens of each pair)."""
+        """(scores in document order, tokens of each pair). The query and the documents are strings, or (rerankers
+        that take images) an ImageInput (its text pieces and encoded images, in order)."""
         if not documents:
             raise InvalidInput("documents must not be empty")
-        if not isinstance(query, str) or not all(isinstance(d, str) for d in documents):
-            raise InvalidInput("the query and the documents must be strings")
+        if not all(isinstance(item, (str, ImageInput)) for item in (query, *documents)):
+            raise InvalidInput("the query and the documents must be strings (or ImageInput images)")
         result = self.engine.rerank(query, list(documents), instruction=instruction)
         return np.asarray(result.scores, dtype=np.float64), list(result.n_tokens)
 
@@ -260,11 +318,41 @@ class Reranker(_Loaded):
         scores, _ = self.score(query, documents, instruction=instruction)
         return ranking(scores, top_n)
 
+    def _embed_built_rows(self, texts: Sequence[str | None], rows: list[int], errors: list[str | None],
+                          batch_size: int | None, prompt_name: str | None,
+                          instruction: str | None) -> dict[int, tuple[np.ndarray, int]]:
+        """Raw vectors and token counts of these rows through the family's input builder, by row; a chunk that
+        fails is retried row by row so that only the bad rows carry an error."""
+        def run(group: list[int]) -> dict[int, tuple[np.ndarray, int]]:
+            result = self.engine.embed_prompts([[texts[i]] for i in group], prompt_name=prompt_name,
+                                               instruction=instruction)
+            return dict(zip(group, zip(result.vectors, result.n_tokens)))
+
+        found: dict[int, tuple[np.ndarray, int]] = {}
+        for part in self._chunks(len(rows), batch_size):
+            try:
+                found.update(run(rows[part]))
+                continue
+            except InvalidInput:
+                pass
+            for i in rows[part]:
+                try:
+                    found.update(run([i]))
+                except InputTooLong as exc:
+                    errors[i] = f"{exc} (--truncate cuts it instead)"
+                except InvalidInput as exc:
+                    errors[i] = str(exc)
+        return found
+
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Ray Data: `batch["query"]`, `batch["document"]` -> the batch with a `score` column."""
         out = dict(batch)
         out["score"] = self.predict(list(zip(batch["query"], batch["document"])))
         return out
+
+
+def _image_inputs(images: Sequence[bytes | str | Path]) -> list[ImageInput]:
+    return [ImageInput.image(image if isinstance(image, bytes) else Path(image).read_bytes()) for image in images]
 
 
 def ranking(scores: Sequence[float], top_n: int | None = None) -> list[dict[str, Any]]:

@@ -11,6 +11,7 @@ import numpy as np
 from engine.errors import UnsupportedCheckpoint
 from engine.pooling import pool
 from engine.types import Pooling
+from engine.vlm import PreparedImage, to_device
 
 Collect = Callable[[], list[np.ndarray]]
 
@@ -56,7 +57,16 @@ class EmbeddingPipeline(Pipeline):
     def launch(self, ids: np.ndarray, mask: np.ndarray, type_ids: np.ndarray, lengths: list[int]) -> Collect:
         """[B, W] right-padded -> one float32 vector [D] per row ([n_i, D] for pooling none)."""
         mask_mx = mx.array(mask)
-        hidden = self.model(mx.array(ids), mask_mx, mx.array(type_ids))
+        return self._pooled(self.model(mx.array(ids), mask_mx, mx.array(type_ids)), mask_mx, lengths)
+
+    def launch_with_images(self, ids: np.ndarray, images: tuple[PreparedImage, ...]) -> Collect:
+        """One vision-language input, ids [1, L] with its images expanded (engine/vlm.py) -> its vector
+        ([L, D] for pooling none and multi-vector models), pooled exactly as a text row."""
+        length = ids.shape[1]
+        hidden = self.model.embed_with_images(mx.array(ids), to_device(images))
+        return self._pooled(hidden, mx.ones((1, length), dtype=mx.int32), [length])
+
+    def _pooled(self, hidden: mx.array, mask_mx: mx.array, lengths: list[int]) -> Collect:
         if self.pools_itself:
             pooled = _started(hidden.astype(mx.float32))
             return lambda: list(np.array(pooled))

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from dataclasses import dataclass
+from collections.abc import Callable
 from types import ModuleType
 
 import mlx.core as mx
@@ -11,11 +13,15 @@ import mlx.nn as nn
 from engine import heads, weights
 from engine.checkpoint import Checkpoint
 from engine.errors import UnsupportedCheckpoint
+from engine.families.base import is_bidirectional
 from engine.types import Pooling
+from engine.vlm import InputBuilder
 
 # config.json spellings that differ from our file names.
 MODEL_TYPE_ALIASES = {"xlm-roberta": "xlm_roberta", "siglip_text_model": "siglip", "mistral": "llama",
-                      "llama_bidirec": "llama", "new": "gte"}
+                      "llama_bidirec": "llama", "new": "gte",
+                      # ColQwen2.5: colpali-engine saves a qwen2_5_vl config, transformers' export a colqwen2 one
+                      "qwen2_5_vl": "colqwen2_5", "colqwen2": "colqwen2_5"}
 
 # transformers' names for architectures whose published checkpoints spell them otherwise.
 ARCHITECTURE_ALIASES = {"GteModel": "NewModel", "GteForMaskedLM": "NewForMaskedLM",
@@ -37,6 +43,13 @@ EMBEDDERS = {
     # gte-multilingual-base ships as NewForTokenClassification (its sparse-weight head); the trunk embeds
     "gte": {"", "NewModel", "NewForMaskedLM", "NewForTokenClassification"},
     "siglip": {"", "SiglipModel", "SiglipTextModel"},
+    # late interaction (multi-vector) on the Idefics3 / SmolVLM stack, as colpali-engine saves it
+    "idefics3": {"ColIdefics3"},
+    # Qwen3-VL-Embedding: the VL export with a last-token pooling layout; inputs built by engine/vision/qwen3_vl.py
+    "qwen3_vl": {"", "Qwen3VLModel", "Qwen3VLForConditionalGeneration", "Qwen3VLForEmbedding"},
+    # SigLIP tower + pixel shuffle + MLP connector + bidirectional Llama, mean-pooled (text and image inputs)
+    "llama_nemotron_vl": {"LlamaNemotronVLModel"},
+    "colqwen2_5": {"ColQwen2_5", "ColQwen2ForRetrieval"},  # the same on Qwen2.5-VL
 }
 CROSS_ENCODERS = {
     "bert": "BertForSequenceClassification",
@@ -54,6 +67,9 @@ GENERATIVE_RERANKERS = {
 FAMILY_DEFAULT_POOLING = {"bert": Pooling.MEAN, "xlm_roberta": Pooling.MEAN, "modernbert": Pooling.MEAN,
                           "nomic_bert": Pooling.MEAN, "gte": Pooling.MEAN}
 FAMILY_DEFAULT_POOLING["siglip"] = Pooling.LAST  # reported only: the towers pool at their own last position
+FAMILY_DEFAULT_POOLING["idefics3"] = FAMILY_DEFAULT_POOLING["colqwen2_5"] = Pooling.NONE  # multi-vector: per token
+FAMILY_DEFAULT_POOLING["qwen3_vl"] = Pooling.LAST  # every input ends in the assistant header it is read at
+FAMILY_DEFAULT_POOLING["llama_nemotron_vl"] = Pooling.MEAN  # its llm_config pools "avg"
 # Decoder backbones without 1_Pooling: a bidirectional embedding export (LLM2Vec, EmbeddingGemma) mean-pools,
 # a bare Qwen3Model export is Qwen3-Embedding (last token); any other decoder gets what llama-server gives a
 # decoder GGUF without a pooling type: none (one vector per token; --pooling picks another).
@@ -78,6 +94,9 @@ class LoadedModel:
     image_size: int | None = None  # the square image side a vision tower takes; None: text only
     image_tokens: int = 0  # what one image counts as (its patches)
     projection: heads.Projection | None = None  # Dense modules applied after pooling
+    # vision-language families (engine/vlm.py): builds an input's prompt and images, (checkpoint, tokenizer) -> it
+    input_builder: Callable[..., InputBuilder] | None = None
+    multi_vector: bool = False  # one normalized vector per token (late interaction)
 
 
 def family_name(checkpoint: Checkpoint) -> str:
@@ -149,6 +168,15 @@ def load(checkpoint: Checkpoint, kind: str | None = None, dtype: str = "auto") -
                                         f"its classifier has {labels} rows")
         model = cls(args, labels)
         trunk = model.trunk
+    elif getattr(family.Model, "multi_vector", False):  # it projects each token itself
+        model = trunk = family.Model(args)
+        folders = checkpoint.dense_folders or tuple(f for f in (checkpoint.path / "1_Dense",) if f.is_dir())
+        if folders:
+            prefix = getattr(model, "projection_prefix", None)
+            if prefix is None:
+                raise UnsupportedCheckpoint(f"{checkpoint.path}: Dense modules beside a {name} checkpoint are not "
+                                            f"supported (the family projects its tokens itself)")
+            raw = heads.replace_own_projection(raw, folders, prefix)
     else:
         model = trunk = family.Model(args)
         try:
@@ -173,7 +201,16 @@ def load(checkpoint: Checkpoint, kind: str | None = None, dtype: str = "auto") -
         n_positions=trunk.n_positions, hidden_size=projection.out_dims if projection else trunk.hidden_size,
         fixed_width=getattr(trunk, "fixed_width", None), image_size=getattr(trunk, "image_size", None),
         image_tokens=getattr(trunk, "image_tokens", 0), projection=projection,
+        input_builder=_input_builder(name) if kind == EMBEDDER else None,
+        multi_vector=bool(getattr(model, "multi_vector", False)),
     )
+
+
+def _input_builder(family: str) -> Callable[..., InputBuilder] | None:
+    """A vision-language family's input builder: engine/vision/<family>.py's input_builder, if it has one."""
+    if importlib.util.find_spec(f"engine.vision.{family}") is None:
+        return None
+    return importlib.import_module(f"engine.vision.{family}").input_builder
 
 
 def _load_gguf(checkpoint: Checkpoint, kind: str, dtype: str) -> LoadedModel:
@@ -188,17 +225,12 @@ def _load_gguf(checkpoint: Checkpoint, kind: str, dtype: str) -> LoadedModel:
                        hidden_size=projection.out_dims if projection else trunk.hidden_size, projection=projection)
 
 
-def is_bidirectional(config: dict) -> bool:
-    """A decoder trained without the causal mask (LLM2Vec / Nemotron-embed, EmbeddingGemma)."""
-    return (config.get("model_type") == "llama_bidirec" or config.get("is_causal") is False
-            or bool(config.get("use_bidirectional_attention")))
-
-
 def default_pooling(checkpoint: Checkpoint) -> Pooling:
     """The pooling used when neither --pooling nor 1_Pooling/config.json says."""
     name = family_name(checkpoint)
     if name not in DECODER_FAMILIES:
         return FAMILY_DEFAULT_POOLING.get(name, Pooling.MEAN)
-    if is_bidirectional(checkpoint.config):
+    config = checkpoint.config
+    if is_bidirectional(config.get("model_type"), config.get("is_causal"), config.get("use_bidirectional_attention")):
         return Pooling.MEAN
     return ARCHITECTURE_DEFAULT_POOLING.get(checkpoint.architecture, Pooling.NONE)

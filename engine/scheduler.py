@@ -6,10 +6,16 @@ from dataclasses import dataclass
 from typing import Protocol
 
 
+# Inputs of one group may share a pass: texts; a tower's images (their width is their patch count); and
+# vision-language inputs holding images, which always run alone (their positions and injected features are
+# per sequence).
+TEXTS, IMAGES, ALONE = 0, 1, 2
+
+
 class Waiting(Protocol):
     n_tokens: int
     seq: int  # arrival order
-    group: int  # only inputs of one group share a pass (0: texts; 1: images, whose width is their patch count)
+    group: int  # TEXTS | IMAGES | ALONE
 
 
 MIN_WIDTH = 8  # the narrowest shape warmed at load
@@ -53,12 +59,14 @@ def next_batch(waiting: Sequence[Waiting], limits: BatchLimits) -> list[int]:
         return []
     oldest = min(range(len(waiting)), key=lambda i: waiting[i].seq)
     group = waiting[oldest].group
+    if group == ALONE:
+        return [oldest]
     order = sorted((i for i in range(len(waiting)) if waiting[i].group == group),
                    key=lambda i: (waiting[i].n_tokens, waiting[i].seq))
     anchor = order.index(oldest)
 
     def width_of(n_tokens: int) -> int:
-        return limits.width(n_tokens) if group == 0 else n_tokens
+        return limits.width(n_tokens) if group == TEXTS else n_tokens
 
     lo = hi = anchor
     width = width_of(waiting[order[anchor]].n_tokens)

@@ -25,7 +25,7 @@ from engine.pipeline import (
     GenerativeRerankPipeline,
 )
 from engine.chat_inputs import ChatInputs
-from engine.images import ImageProcessor, InvalidImage
+from engine.images import ImageProcessor, InvalidImage, decode
 from engine.prompts import INSTRUCTION_TEMPLATES, RerankPrompt, choose_prompt, default_prompt_name, format_prompts, is_text
 from engine.scheduler import BatchLimits, warm_widths
 from engine.tokenize import TextTokenizer, open_tokenizer
@@ -35,12 +35,26 @@ from engine.types import (
     ImageInput,
     ModelInfo,
     Pooling,
+    RerankItem,
     RerankResult,
     Timings,
 )
+from engine.maxsim import maxsim_scores
+from engine.vlm import InputBuilder, PreparedInput
 from engine.worker import ImageWork, ItemResult, Runner, Worker
 
 log = logging.getLogger(__name__)
+
+
+def _label(labels: Sequence[str] | None, index: int) -> str:
+    return labels[index] if labels is not None else f"input {index}"
+
+
+def _cost(item: list[int] | ImageWork | PreparedInput) -> int:
+    """What an input counts as in usage: its tokens, image tokens included (a tower's image: its patches)."""
+    if isinstance(item, ImageWork):
+        return item.n_tokens
+    return len(item.ids) if isinstance(item, PreparedInput) else len(item)
 
 
 class Engine:
@@ -55,7 +69,8 @@ class Engine:
         self._probabilities = False  # the model's scores are already in [0, 1]
         self._chat: ChatInputs | None = None  # embedders whose texts go through their chat template
         self._chat_tails: dict[str | None, list[int]] = {}  # per system prompt: the template's closing tokens
-        self._images: ImageProcessor | None = None  # models with a vision tower only
+        self._images: ImageProcessor | None = None  # dual-encoders with an image tower only
+        self._builder: InputBuilder | None = None  # vision-language families (engine/vlm.py) only
         self._in_flight = 0
         self._in_flight_lock = threading.Lock()
         self.load_s: float | None = None  # how long the load took, once it succeeded
@@ -98,7 +113,13 @@ class Engine:
             mode = Pooling.RANK
             runner = CrossEncoderPipeline(loaded.model)
         else:
-            if getattr(loaded.model, "pools_itself", False):  # its head decides; 1_Pooling does not apply
+            if loaded.multi_vector:  # one vector per token, projected and normalized by the family
+                if opts.pooling not in (None, Pooling.NONE):
+                    raise UnsupportedCheckpoint(
+                        f"{ckpt.path}: the {loaded.family} family is multi-vector (one vector per token, scored "
+                        f"by MaxSim); --pooling {opts.pooling.value} is not supported for it")
+                mode = Pooling.NONE
+            elif getattr(loaded.model, "pools_itself", False):  # its head decides; 1_Pooling does not apply
                 if opts.pooling not in (None, loaded.default_pooling):
                     raise UnsupportedCheckpoint(
                         f"{ckpt.path}: the {loaded.family} family pools through its own head "
@@ -107,6 +128,8 @@ class Engine:
             else:
                 mode = pooling.resolve(opts.pooling, ckpt.pooling, loaded.default_pooling)
             runner = EmbeddingPipeline(loaded.model, mode, loaded.projection)
+            if loaded.input_builder is not None:
+                self._builder = loaded.input_builder(ckpt, tokenizer)
             if loaded.image_size:
                 self._images = ImageProcessor.from_checkpoint(ckpt.path, loaded.image_size)
                 side = loaded.image_size  # run the vision tower once now, so no request compiles it
@@ -131,7 +154,9 @@ class Engine:
             prompts=tuple(ckpt.prompts.items()) if embedder else (), default_prompt_name=prompt_default,
             instruction_template=INSTRUCTION_TEMPLATES.get(ckpt.model_type) if embedder else None,
             file_format="gguf" if ckpt.gguf is not None else "safetensors", chat_template_inputs=self._chat is not None,
-            modalities=("text", "image") if self._images is not None else ("text",), image_tokens=loaded.image_tokens)
+            modalities=("text", "image") if self._images is not None or self._builder is not None else ("text",),
+            image_tokens=loaded.image_tokens, vision_language=self._builder is not None,
+            multi_vector=loaded.multi_vector)
         log.info("loaded %s (%s, %s, %s) in %.2f s: pooling %s, %d params, per-input limit %d tokens, "
                  "batches of up to %d rows / %d tokens, %d lanes sharing %d BLAS threads, BLAS: %s; %s",
                  ckpt.path, ckpt.model_type, ckpt.architecture or "-", loaded.kind, time.monotonic() - started,
@@ -183,6 +208,12 @@ class Engine:
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(self._known(ids))
 
+    def check_count(self, n_inputs: int) -> None:
+        """TooManyInputs when one request has more inputs than the engine queue can ever hold. embed, embed_prompts
+        and rerank check it before tokenizing or decoding; a server checks it before format_prompts and before
+        fetching images (the Encoder calls format_prompts on more texts than one submission holds)."""
+        self._worker.check_count(n_inputs)
+
     def _known(self, ids: Sequence[int]) -> Sequence[int]:
         """Ids in [0, n_vocab): the tokenizer library overflows (or invents text) on anything else."""
         if ids and (min(ids) < 0 or max(ids) >= self.tokenizer.n_vocab):
@@ -196,9 +227,12 @@ class Engine:
 
         A model whose texts go through its chat template gets them rendered and tokenized here (the prompt as a
         system message, as sentence-transformers does): those prompts come back as token ids, already truncated
-        when `truncate` (None: the server's --truncate) lets an over-long one be cut.
+        when `truncate` (None: the server's --truncate) lets an over-long one be cut. A vision-language family's
+        prompts come back as they are: pass prompt_name / instruction to embed_prompts instead.
         """
         info = self._require_embedder()
+        if self._builder is not None:  # a vision-language family formats every input itself (embed_prompts)
+            return [list(p) for p in prompts]
         if self._chat is None:
             return format_prompts(info, prompts, prompt_name, instruction)
         choice = choose_prompt(info, prompt_name, instruction)
@@ -234,51 +268,130 @@ class Engine:
         return self._chat_tails[system]
 
     def embed_prompts(self, prompts: Sequence[Sequence[str | int] | ImageInput], *, truncate: bool | None = None,
-                      timeout_s: float = 3600) -> EmbedResult:
+                      timeout_s: float = 3600, prompt_name: str | None = None,
+                      instruction: str | None = None, labels: Sequence[str] | None = None) -> EmbedResult:
         """Tokenize llama-server prompts (text and token-id parts, see encode_prompt) in one batched call on
         the caller's thread, then embed them with any images among them. Vectors are not normalized (callers
-        choose embd_normalize)."""
-        self._require_embedder()
+        choose embd_normalize).
+
+        A vision-language family builds every text or image input itself (engine/vlm.py), receiving
+        `instruction` or the text of `prompt_name` when it takes one; other families had those applied by
+        format_prompts and ignore them here. Token-id prompts are embedded verbatim by every family. `labels`
+        name the inputs in errors (default "input 0", "input 1", ...).
+        """
+        info = self._require_embedder()
+        self.check_count(len(prompts))
         started = time.monotonic()
-        texts = [i for i, prompt in enumerate(prompts) if not isinstance(prompt, ImageInput)]
-        inputs: list = list(prompts)  # text prompts are replaced by their tokens below
+        inputs: list = list(prompts)  # replaced by their tokens (or prepared inputs) below
+        if self._builder is not None:
+            system = self._builder_instruction(info, prompt_name, instruction)
+            for i, prompt in enumerate(prompts):
+                if isinstance(prompt, ImageInput) or is_text(prompt):
+                    inputs[i] = self._prepare(_label(labels, i), prompt, system)
+        texts = [i for i, item in enumerate(inputs) if not isinstance(item, (ImageInput, PreparedInput))]
         for i, ids in zip(texts, self.tokenizer.encode_prompts([prompts[i] for i in texts]), strict=True):
             inputs[i] = ids
         tokenize_s = time.monotonic() - started
-        result = self.embed(inputs, truncate=truncate, timeout_s=timeout_s)
+        result = self.embed(inputs, truncate=truncate, timeout_s=timeout_s, labels=labels)
         result.timings.tokenize_s += tokenize_s
         return result
 
-    def embed(self, token_lists: Sequence[list[int] | ImageInput], *, truncate: bool | None = None,
-              timeout_s: float = 3600) -> EmbedResult:
-        """Embed already tokenized inputs and images. Vectors are not normalized (callers choose embd_normalize).
+    def maxsim(self, query: Sequence[str | int] | ImageInput, documents: Sequence[Sequence[str | int] | ImageInput], *,
+               truncate: bool | None = None, timeout_s: float = 3600) -> RerankResult:
+        """A multi-vector model's MaxSim score of the query against each document (engine/maxsim.py), in
+        document order; the query and the documents are embedded in one submission, as embed_prompts does.
+        n_tokens: every input's tokens (the query's first), image tokens included."""
+        info = self._require_embedder()
+        if not info.multi_vector:
+            raise InvalidInput(f"MaxSim needs a multi-vector (late-interaction) model; this model "
+                               f"({info.architecture or info.model_type}) gives one vector per input: compare its "
+                               f"embeddings by cosine, or rank with a reranker")
+        labels = ["query", *(f"document {i}" for i in range(len(documents)))]
+        result = self.embed_prompts([query, *documents], truncate=truncate, timeout_s=timeout_s, labels=labels)
+        scores = maxsim_scores(result.vectors[0], result.vectors[1:])
+        return RerankResult(scores=scores, n_tokens=result.n_tokens, timings=result.timings)
 
-        Images are decoded and preprocessed here, on the caller's thread; a bad one raises InvalidImage naming
-        its input index.
+    def _builder_instruction(self, info: ModelInfo, prompt_name: str | None, instruction: str | None) -> str | None:
+        """What a vision-language family's prompt format receives as its instruction, if anything."""
+        if instruction is not None and prompt_name is not None:
+            raise InvalidInput("'instruction' and 'prompt_name' cannot be combined")
+        text, asked = instruction, instruction is not None or prompt_name is not None
+        if text is None:
+            name = prompt_name or info.default_prompt_name
+            known = dict(info.prompts)
+            if name is not None and name not in known:
+                raise InvalidInput(f"prompt_name {name!r} is not one of this model's prompts "
+                                   f"(known: {', '.join(known) or 'none'})")
+            text = known.get(name) or None if name is not None else None
+        if not self._builder.takes_instruction:
+            if asked:
+                raise InvalidInput(f"this model ({info.architecture or info.model_type}) builds its own query and "
+                                   f"document prompts: 'instruction' and 'prompt_name' are not used by it")
+            return None
+        return text
+
+    def _prepare(self, label: str, prompt: Sequence[str | int] | ImageInput, instruction: str | None) -> PreparedInput:
+        """One text or image input through the family's input builder, its images decoded (bounded) first."""
+        if isinstance(prompt, ImageInput):
+            parts: list = []
+            for part in prompt.parts:
+                if isinstance(part, bytes):
+                    try:
+                        part = decode(part, self.options.image_max_pixels)
+                    except InvalidImage as exc:
+                        raise InvalidImage(f"{label}: {exc}") from None
+                parts.append(part)
+        else:
+            parts = list(prompt)
+        try:
+            return self._builder.build(parts, instruction)
+        except InvalidImage as exc:
+            raise InvalidImage(f"{label}: {exc}") from None
+
+    def embed(self, token_lists: Sequence[list[int] | ImageInput | PreparedInput], *, truncate: bool | None = None,
+              timeout_s: float = 3600, labels: Sequence[str] | None = None) -> EmbedResult:
+        """Embed already tokenized inputs, images, and prepared vision-language inputs. Vectors are not
+        normalized (callers choose embd_normalize).
+
+        Images for an image tower are decoded and preprocessed here, on the caller's thread; a bad one raises
+        InvalidImage naming its input index.
         """
         info = self._require_embedder()
+        self.check_count(len(token_lists))
         cut = self.options.truncate if truncate is None else truncate
         started = time.monotonic()
-        fitted = [self._image_work(i, item, info) if isinstance(item, ImageInput) else self._fit(item, info, cut)
-                  for i, item in enumerate(token_lists)]
+        if self._builder is not None:  # a vision-language family's images are built into its prompt format
+            token_lists = [self._prepare(_label(labels, i), item, None) if isinstance(item, ImageInput) else item
+                           for i, item in enumerate(token_lists)]
+        fitted = [self._image_work(_label(labels, i), item, info) if isinstance(item, ImageInput) else
+                  self._fit_prepared(item, info, cut) if isinstance(item, PreparedInput) else
+                  self._fit(item, info, cut) for i, item in enumerate(token_lists)]
         preprocess_s = time.monotonic() - started
         results, timings = self._serve(fitted, None, timeout_s)
         timings.tokenize_s += preprocess_s
-        return EmbedResult(vectors=[r.value for r in results],
-                           n_tokens=[item.n_tokens if isinstance(item, ImageWork) else len(item) for item in fitted],
+        return EmbedResult(vectors=[r.value for r in results], n_tokens=[_cost(item) for item in fitted],
                            timings=timings)
 
-    def _image_work(self, index: int, image: ImageInput, info: ModelInfo) -> ImageWork:
+    def _fit_prepared(self, prepared: PreparedInput, info: ModelInfo, truncate: bool) -> PreparedInput:
+        """A built input within the per-input limit: a text-only one may be cut, one holding images may not
+        (its image tokens are one block with the image's features)."""
+        if not prepared.images:
+            return PreparedInput(self._fit(prepared.ids, info, truncate))
+        if len(prepared.ids) > info.max_input_tokens:
+            self._too_long(len(prepared.ids), info)
+        return prepared
+
+    def _image_work(self, label: str, image: ImageInput, info: ModelInfo) -> ImageWork:
         if self._images is None:
-            raise InvalidInput(f"input {index} is an image, but this model ({info.architecture or info.model_type}) "
+            raise InvalidInput(f"{label} is an image, but this model ({info.architecture or info.model_type}) "
                                f"embeds text only")
-        if image.text.strip():
-            raise InvalidInput(f"input {index}: this model embeds either a text or one image per input, not both "
-                               f"(send the text as an input of its own)")
+        if image.text.strip() or len(image.images) != 1:
+            raise InvalidInput(f"{label}: this model embeds either a text or one image per input, not both "
+                               f"and not several (send each as an input of its own)")
         try:
-            pixels = self._images(image.data, self.options.image_max_pixels)
+            pixels = self._images(image.images[0], self.options.image_max_pixels)
         except InvalidImage as exc:
-            raise InvalidImage(f"input {index}: {exc}") from None
+            raise InvalidImage(f"{label}: {exc}") from None
         return ImageWork(pixels, info.image_tokens)
 
     def _require_embedder(self) -> ModelInfo:
@@ -287,17 +400,24 @@ class Engine:
             raise InvalidInput("this server runs a reranker (rank pooling): it serves /rerank, not embeddings")
         return info
 
-    def rerank(self, query: str, documents: Sequence[str], *, truncate: bool | None = None,
+    def rerank(self, query: RerankItem, documents: Sequence[RerankItem], *, truncate: bool | None = None,
                instruction: str | None = None, timeout_s: float = 3600) -> RerankResult:
         """Score every (query, document) pair; scores come back in document order.
 
-        `instruction` (generative rerankers only) overrides the server's <Instruct> text.
+        `instruction` (generative rerankers only) overrides the server's <Instruct> text. The query and the
+        documents are texts, or images (with any text beside them) for rerankers that take images.
         """
         info = self.info
         if not info.is_reranker:
             raise InvalidInput("this server runs an embedding model: start a reranker with --reranking")
         if instruction is not None and self._prompt is None:
             raise InvalidInput("'instruction' is only used by generative rerankers; this one is a cross-encoder")
+        self.check_count(len(documents))
+        labelled = [("query", query), *((f"document {i}", doc) for i, doc in enumerate(documents))]
+        images = [label for label, item in labelled if isinstance(item, ImageInput)]
+        if images and not info.takes_images:
+            raise InvalidInput(f"{images[0]} is an image, but this reranker "
+                               f"({info.architecture or info.model_type}) scores text only")
         cut = self.options.truncate if truncate is None else truncate
         started = time.monotonic()
         if self._prompt is not None:
@@ -336,6 +456,11 @@ class Engine:
         passes = {r.batch: r.inference_s for r in results}
         return results, Timings(queue_s=max((r.queue_s for r in results), default=0.0),
                                 inference_s=sum(passes.values()))
+
+    def fit(self, ids: list[int], truncate: bool | None = None) -> list[int]:
+        """One tokenized input as `embed` would take it: cut when `truncate` (None: the server's --truncate)
+        allows, else EmptyInput, InvalidTokens or InputTooLong, so a caller can check inputs one by one."""
+        return self._fit(ids, self._require_embedder(), self.options.truncate if truncate is None else truncate)
 
     def _fit(self, ids: list[int], info: ModelInfo, truncate: bool) -> list[int]:
         if not ids:

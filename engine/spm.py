@@ -8,13 +8,15 @@ One difference remains: text right after a literal special token ("x</s>y") gets
 """
 from __future__ import annotations
 
-import json
 import string
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from tokenizers import Tokenizer
+
+from engine.checkpoint import special_token_text
 from engine.errors import UnsupportedCheckpoint
 
 SIGLIP_TOKENIZERS = {"SiglipTokenizer"}
@@ -88,9 +90,9 @@ def read_model(path: Path) -> SentencePieceModel:
     return SentencePieceModel(pieces, charsmap, model_type)
 
 
-def siglip_tokenizer(folder: Path, tokenizer_config: dict) -> str:
-    """tokenizer.json text equal in effect to transformers' SiglipTokenizer on this folder's spiece.model."""
-    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+def siglip_tokenizer(folder: Path, tokenizer_config: dict) -> Tokenizer:
+    """A Tokenizer equal in effect to transformers' SiglipTokenizer on this folder's spiece.model."""
+    from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, processors
 
     path = folder / "spiece.model"
     model = read_model(path)
@@ -98,7 +100,7 @@ def siglip_tokenizer(folder: Path, tokenizer_config: dict) -> str:
         raise UnsupportedCheckpoint(f"{path}: SentencePiece model type {model.model_type} is not supported "
                                     f"(only unigram, as SigLIP's)")
     unk = next((i for i, (_, _, kind) in enumerate(model.pieces) if kind == _UNKNOWN), None)
-    eos = _token_text(tokenizer_config.get("eos_token")) or "</s>"
+    eos = special_token_text(tokenizer_config.get("eos_token")) or "</s>"
     eos_id = next((i for i, (piece, _, _) in enumerate(model.pieces) if piece == eos), None)
     if unk is None or eos_id is None:
         raise UnsupportedCheckpoint(f"{path}: the model has no unknown piece or no {eos!r} piece")
@@ -117,14 +119,8 @@ def siglip_tokenizer(folder: Path, tokenizer_config: dict) -> str:
     specials = [piece for piece, _, kind in model.pieces if kind in (_UNKNOWN, _CONTROL)]
     tok.add_special_tokens(sorted(set(specials) | {eos}))
     tok.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="always", split=False)
-    return json.dumps(json.loads(tok.to_str()))
+    return tok
 
 
 def _regex_class(chars: str) -> str:
     return "".join("\\" + c if c in "\\]^-[" else c for c in chars)
-
-
-def _token_text(token: object) -> str:
-    if isinstance(token, dict):
-        return str(token.get("content", ""))
-    return str(token) if token else ""

@@ -9,7 +9,7 @@ from pathlib import Path
 from tokenizers import Tokenizer
 
 from engine import spm
-from engine.checkpoint import Checkpoint
+from engine.checkpoint import Checkpoint, special_token_text
 from engine.errors import UnsupportedCheckpoint
 from engine.types import VocabType
 
@@ -48,8 +48,8 @@ class TextTokenizer:
         self.trailing_specials = self._trailing_specials()
         cfg = checkpoint.tokenizer_config
         self.pad_id = self._token_id(cfg.get("pad_token"), checkpoint.config.get("pad_token_id"))
-        self.bos_token = _token_text(cfg.get("cls_token") or cfg.get("bos_token"))
-        self.eos_token = _token_text(cfg.get("sep_token") or cfg.get("eos_token"))
+        self.bos_token = special_token_text(cfg.get("cls_token") or cfg.get("bos_token")) or ""
+        self.eos_token = special_token_text(cfg.get("sep_token") or cfg.get("eos_token")) or ""
 
     def encode(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
         tok = self._parsing if parse_special else self._literal
@@ -150,7 +150,7 @@ class TextTokenizer:
         return token.replace("\u2581", " ")
 
     def _token_id(self, token: object, fallback: object) -> int:
-        text = _token_text(token)
+        text = special_token_text(token)
         if text:
             found = self._parsing.token_to_id(text)
             if found is not None:
@@ -167,19 +167,13 @@ def open_tokenizer(checkpoint: Checkpoint) -> TextTokenizer:
     return TextTokenizer(checkpoint)
 
 
-def _token_text(token: object) -> str:
-    if isinstance(token, dict):  # AddedToken serialized as an object
-        return str(token.get("content", ""))
-    return str(token) if token else ""
-
-
 def _load(checkpoint: Checkpoint) -> Tokenizer:
     path: Path = checkpoint.path / "tokenizer.json"
     if path.is_file():
         tok = Tokenizer.from_file(str(path))
     elif (checkpoint.path / "spiece.model").is_file() and \
             checkpoint.tokenizer_config.get("tokenizer_class") in spm.SIGLIP_TOKENIZERS:
-        tok = Tokenizer.from_str(spm.siglip_tokenizer(checkpoint.path, checkpoint.tokenizer_config))
+        tok = spm.siglip_tokenizer(checkpoint.path, checkpoint.tokenizer_config)
     else:
         tok = _load_with_transformers(checkpoint)
     # The engine pads per micro-batch and truncates per checkpoint limit: strip baked-in settings.

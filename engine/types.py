@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Union
 
 
 class Pooling(str, enum.Enum):
@@ -85,7 +86,9 @@ class ModelInfo:
     instruction_template: str | None = None
     chat_template_inputs: bool = False  # texts are rendered with the checkpoint's chat template
     modalities: tuple[str, ...] = ("text",)  # what an input may be: "text", "image"
-    image_tokens: int = 0  # what one image counts as (usage, batch budgets): its patches
+    image_tokens: int = 0  # a dual-encoder's image tower: what one image counts as (usage, batch budgets)
+    vision_language: bool = False  # text and images interleaved in one input, fed to a decoder (engine/vlm.py)
+    multi_vector: bool = False  # late interaction: one L2-normalized vector per token, scored by MaxSim
 
     @property
     def is_reranker(self) -> bool:
@@ -98,13 +101,28 @@ class ModelInfo:
 
 @dataclass(frozen=True)
 class ImageInput:
-    """One image to embed: its encoded bytes (PNG, JPEG, ...), decoded by the engine off its thread.
+    """One input holding images: its parts in request order, text pieces (str) and encoded images (bytes:
+    PNG, JPEG, ...), which the engine decodes off its thread. A vision-language family receives them in order
+    (engine/vlm.py); a dual-encoder's image tower embeds one image alone and refuses anything beside it."""
 
-    `text` is what else the input said beside the image; families that embed an image alone refuse it.
-    """
+    parts: tuple[str | bytes, ...]
 
-    data: bytes
-    text: str = ""
+    @classmethod
+    def image(cls, data: bytes) -> ImageInput:
+        """An input that is one image alone."""
+        return cls((data,))
+
+    @property
+    def images(self) -> list[bytes]:
+        return [part for part in self.parts if isinstance(part, bytes)]
+
+    @property
+    def text(self) -> str:
+        return "".join(part for part in self.parts if isinstance(part, str))
+
+
+# The query or a document of a rerank: a text, or an image with any text beside it (rerankers that take images)
+RerankItem = Union[str, ImageInput]
 
 
 @dataclass
@@ -120,7 +138,8 @@ class Timings:
 class EmbedResult:
     """Embeddings for one request, in input order.
 
-    vectors[i] is float32 [D] for pooled modes, [n_tokens_i, D] for Pooling.NONE; never normalized here.
+    vectors[i] is float32 [D] for pooled modes, [n_tokens_i, D] for Pooling.NONE (a multi-vector model's rows
+    come L2-normalized by the model itself); pooled vectors are never normalized here.
     """
 
     vectors: list

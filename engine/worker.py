@@ -28,7 +28,8 @@ import numpy as np
 
 from engine import blas, threads
 from engine.errors import ForwardFailed, NotLoaded, OutOfMemory, QueueFull, ReplyTimeout, TooManyInputs
-from engine.scheduler import BatchLimits, next_batch
+from engine.scheduler import ALONE, IMAGES, TEXTS, BatchLimits, next_batch
+from engine.vlm import PreparedImage, PreparedInput
 
 log = logging.getLogger(__name__)
 
@@ -55,12 +56,15 @@ class WorkItem:
     seq: int = 0
     enqueued: float = 0.0
     future: Future = field(default_factory=Future)
-    pixels: np.ndarray | None = None  # an image input: it shares passes with other images only
+    pixels: np.ndarray | None = None  # an image for a tower: it shares passes with other images only
+    images: tuple[PreparedImage, ...] = ()  # a vision-language input's images (engine/vlm.py): it runs alone
 
     @property
     def group(self) -> int:
-        """Inputs of one group can share a forward pass: 0 text, 1 images."""
-        return 0 if self.pixels is None else 1
+        """Inputs of one group can share a forward pass (engine/scheduler.py)."""
+        if self.images:
+            return ALONE
+        return TEXTS if self.pixels is None else IMAGES
 
 
 @dataclass
@@ -103,19 +107,15 @@ class Worker:
         _live.add(self)
 
     # -- request threads -------------------------------------------------------------------------
-    def submit(self, token_lists: list[list[int] | ImageWork], deadline: float,
+    def submit(self, token_lists: list[list[int] | ImageWork | PreparedInput], deadline: float,
                type_lists: list[list[int]] | None = None) -> list[WorkItem]:
         """Queue every input of one request, or none of them (QueueFull)."""
         if not self.loaded.is_set() or self._runner is None:
             raise NotLoaded("the model is not loaded")
+        self.check_count(len(token_lists))
         now = time.monotonic()
         types = type_lists or [None] * len(token_lists)
-        items = [WorkItem(ids=[], type_ids=None, deadline=deadline, n_tokens=ids.n_tokens, enqueued=now,
-                          pixels=ids.pixels) if isinstance(ids, ImageWork) else
-                 WorkItem(ids=ids, type_ids=t, deadline=deadline, n_tokens=len(ids), enqueued=now)
-                 for ids, t in zip(token_lists, types)]
-        if len(items) > self._max_queue:
-            raise TooManyInputs(len(items), self._max_queue)
+        items = [_work_item(ids, t, deadline, now) for ids, t in zip(token_lists, types)]
         with self._cond:
             if self._closed:
                 raise NotLoaded("the model has been unloaded")
@@ -127,6 +127,12 @@ class Worker:
             self._waiting.extend(items)
             self._cond.notify()
         return items
+
+    def check_count(self, n_inputs: int) -> None:
+        """Refuse for good a request with more inputs than the queue can ever hold (TooManyInputs); callers
+        check before tokenizing or decoding anything, so a huge request costs nothing."""
+        if n_inputs > self._max_queue:
+            raise TooManyInputs(n_inputs, self._max_queue)
 
     def join(self, timeout: float | None = None) -> None:
         """Wait until the engine thread has stopped serving (after close) and released the model."""
@@ -240,8 +246,12 @@ class Worker:
         streams = blas.pass_started(SPREAD if getattr(self._runner, "spreads", False) else 1)
         try:
             with threads.spread(streams):
-                launched = (self._launch_images(batch) if batch[0].pixels is not None  # never mixed with texts
-                            else self._launch_texts(batch))
+                if batch[0].pixels is not None:  # the scheduler never mixes images and texts
+                    launched = self._launch_images(batch)
+                elif batch[0].images:  # a vision-language input holding images: always alone in its pass
+                    launched = self._launch_with_images(batch)
+                else:
+                    launched = self._launch_texts(batch)
         except Exception as exc:  # assembling the batch failed: that batch fails, the lane keeps serving
             launched = _Launched(batch, None, time.monotonic(), max(item.n_tokens for item in batch), exc)
         launched.streams = streams
@@ -280,6 +290,15 @@ class Worker:
             return _Launched(batch, None, started, width, exc)
         return _Launched(batch, collect, started, width)
 
+    def _launch_with_images(self, batch: list[WorkItem]) -> _Launched:
+        (item,) = batch
+        started = time.monotonic()
+        try:
+            collect = self._runner.launch_with_images(np.array([item.ids], dtype=np.int32), item.images)
+        except Exception as exc:
+            return _Launched(batch, None, started, item.n_tokens, exc)
+        return _Launched(batch, collect, started, item.n_tokens)
+
     def _finish(self, launched: _Launched) -> None:
         try:
             self._deliver(launched)
@@ -316,6 +335,17 @@ class Worker:
             pass_number = self.stats.n_decode_total
         for item, value in zip(batch, outputs):
             item.future.set_result(ItemResult(value, launched.started - item.enqueued, elapsed, pass_number))
+
+
+def _work_item(work: list[int] | ImageWork | PreparedInput, type_ids: list[int] | None, deadline: float,
+               now: float) -> WorkItem:
+    if isinstance(work, ImageWork):
+        return WorkItem(ids=[], type_ids=None, deadline=deadline, n_tokens=work.n_tokens, enqueued=now,
+                        pixels=work.pixels)
+    if isinstance(work, PreparedInput):  # its ids already hold every image token: that is what it costs
+        return WorkItem(ids=work.ids, type_ids=None, deadline=deadline, n_tokens=len(work.ids), enqueued=now,
+                        images=work.images)
+    return WorkItem(ids=work, type_ids=type_ids, deadline=deadline, n_tokens=len(work), enqueued=now)
 
 
 # What MLX raises when memory runs out: std::bad_alloc arrives as MemoryError; the Metal allocator and

@@ -1,21 +1,16 @@
 """POST /embedding, /embeddings (llama's shape) and /v1/embeddings (OAI shape): parse -> engine -> render."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import falcon
 
 from compat.errors import bad_request, check_client_batch
-from compat.media import MediaPolicy, image_input
+from compat.media import image_input, request_media_policy
 from compat.models import EMBEDDING
 from compat.resources.leasing import model_request
-from compat.routing import Models
+from compat.routing import Models, Served
 from compat.wire.embeddings import parse_embeddings_request, render_embeddings_response
-from compat.wire.inputs import MediaRef, Prompt, has_media
-from engine.types import Pooling
-
-if TYPE_CHECKING:
-    from compat.settings import Settings
+from compat.wire.inputs import Prompt, has_media
+from engine.types import EmbedResult, Pooling
 
 POOLING_NONE_OAI = "Pooling type 'none' is not OAI compatible. Please use a different pooling type"
 
@@ -28,31 +23,33 @@ class EmbeddingsResource:
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         with model_request(req, self._models, EMBEDDING) as (served, body):
             # single model: llama checks this before reading the body, so it wins over bad JSON and `content`
-            if self._oai and served.engine.info.pooling is Pooling.NONE:
-                raise bad_request(POOLING_NONE_OAI)
             info = served.engine.info
+            # a multi-vector model's rows are its OAI answer (one list of rows per input)
+            if self._oai and info.pooling is Pooling.NONE and not info.multi_vector:
+                raise bad_request(POOLING_NONE_OAI)
             request = parse_embeddings_request(body(), oai_route=self._oai,
                                                default_normalize=served.settings.embd_normalize,
-                                               width=info.n_embd, takes_images=info.takes_images)
+                                               width=info.n_embd, takes_images=info.takes_images,
+                                               multi_vector=info.multi_vector)
             check_client_batch(len(request.prompts), served.settings.max_client_batch_size, "inputs")
-            policy = _checked_media(request.prompts, served.settings)
-            texts = iter(served.engine.format_prompts([p for p in request.prompts if not has_media(p)],
-                                                      request.prompt_name, request.instruction, request.truncate))
-            # images are fetched here; the engine decodes them and tokenizes the texts, both off its thread
-            prompts = [image_input(i, prompt, policy) if has_media(prompt) else next(texts)
-                       for i, prompt in enumerate(request.prompts)]
-            result = served.engine.embed_prompts(prompts, truncate=request.truncate, timeout_s=served.remaining_s)
+            result = embed_request_prompts(served, request.prompts, request.truncate, request.prompt_name,
+                                           request.instruction)
             served.record(result)
         resp.media = render_embeddings_response(request, result, served.name)
 
 
-def _checked_media(prompts: list[Prompt], settings: Settings) -> MediaPolicy | None:
-    """Refuse too many images before fetching any; the rules to fetch them by (None: a text-only request)."""
-    n_images = sum(isinstance(part, MediaRef) for prompt in prompts for part in prompt)
-    if n_images == 0:
-        return None
-    if n_images > settings.image_max_count:
-        raise bad_request(f"the request has {n_images} images; at most {settings.image_max_count} are allowed "
-                          f"(--image-max-count)")
-    return MediaPolicy.create(settings.media_path, settings.allow_remote_media, settings.media_max_bytes,
-                              settings.media_timeout)
+
+def embed_request_prompts(served: Served, prompts: list[Prompt], truncate: bool | None, prompt_name: str | None,
+                          instruction: str | None) -> EmbedResult:
+    """A request's prompts through the engine: images fetched here (the engine decodes them, and tokenizes the
+    texts, off its thread); prompt_name / instruction applied as the model's family does."""
+    engine = served.engine
+    engine.check_count(len(prompts))  # before any image is fetched
+    policy = request_media_policy(prompts, served.settings)
+    if engine.info.vision_language:  # the family formats texts and images alike
+        inputs = [image_input(f"input {i}", p, policy) if has_media(p) else p for i, p in enumerate(prompts)]
+        return engine.embed_prompts(inputs, truncate=truncate, timeout_s=served.remaining_s,
+                                    prompt_name=prompt_name, instruction=instruction)
+    texts = iter(engine.format_prompts([p for p in prompts if not has_media(p)], prompt_name, instruction, truncate))
+    inputs = [image_input(f"input {i}", p, policy) if has_media(p) else next(texts) for i, p in enumerate(prompts)]
+    return engine.embed_prompts(inputs, truncate=truncate, timeout_s=served.remaining_s)

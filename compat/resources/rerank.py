@@ -5,11 +5,14 @@ import uuid
 
 import falcon
 
-from compat.errors import check_client_batch
+from compat.errors import bad_request, check_client_batch
+from compat.media import MediaPolicy, image_input, request_media_policy
 from compat.models import RERANK
 from compat.resources.leasing import model_request
 from compat.routing import Models
-from compat.wire.rerank import parse_rerank_request, render_rerank_response
+from compat.wire.inputs import MediaRef
+from compat.wire.rerank import Item, parse_rerank_request, render_rerank_response
+from engine.types import ImageInput
 
 
 class RerankResource:
@@ -19,9 +22,25 @@ class RerankResource:
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         with model_request(req, self._models, RERANK) as (served, body):
-            request = parse_rerank_request(body(), cohere_v2=self._cohere_v2)
-            check_client_batch(len(request.texts), served.settings.max_client_batch_size, "documents")
-            result = served.engine.rerank(request.query, request.texts, truncate=request.truncate,
+            request = parse_rerank_request(body(), cohere_v2=self._cohere_v2,
+                                           takes_images=served.engine.info.takes_images)
+            check_client_batch(len(request.items), served.settings.max_client_batch_size, "documents")
+            served.engine.check_count(len(request.items))  # before any image is fetched
+            items = [request.query, *request.items]
+            # images are fetched here (the query's once); the engine decodes them off its thread
+            policy = request_media_policy([item for item in items if not isinstance(item, str)], served.settings)
+            query = _engine_item("query", request.query, policy)
+            documents = [_engine_item(f"document {i}", item, policy) for i, item in enumerate(request.items)]
+            result = served.engine.rerank(query, documents, truncate=request.truncate,
                                           instruction=request.instruction, timeout_s=served.remaining_s)
             served.record(result)
         resp.media = render_rerank_response(request, result, served.name, response_id=str(uuid.uuid4()))
+
+
+def _engine_item(label: str, item: Item, policy: MediaPolicy | None) -> str | ImageInput:
+    if isinstance(item, str):
+        return item
+    n_images = sum(isinstance(part, MediaRef) for part in item)
+    if n_images != 1:  # a reranker pairs the query with one page at a time
+        raise bad_request(f"{label} has {n_images} images; an input may hold one image")
+    return image_input(label, item, policy)

@@ -1,5 +1,10 @@
 """/embedding, /embeddings and /v1/embeddings bodies (contract §3). Pure: no falcon.
 
+A multi-vector (late-interaction) model answers one [n_tokens, d] list of rows per input on every route: the
+rows the model L2-normalized one by one, image tokens included, padding trimmed; `embd_normalize` does not apply
+to them (as llama's per-token rows with pooling none) and `dimensions` is refused. base64 packs the rows
+row-major as float32.
+
 Vectors leave as float64 numpy arrays so orjson (OPT_SERIALIZE_NUMPY) prints each float32 widened to double in
 shortest round-trip form, as llama-server does, without a per-float Python loop; NaN/Inf print as null.
 """
@@ -13,13 +18,15 @@ import numpy as np
 
 from compat.errors import bad_request
 from compat.wire.inputs import Prompt, parse_input_prompts
-from engine import normalize_embedding
+from engine import check_dimensions, normalize_embedding
 from engine.types import EmbedResult
 
 NO_INPUT = '"input" or "content" must be provided'
 BAD_FORMAT = "The format to return the embeddings in. Can be either float or base64"
 BAD_PROMPT_NAME = '"prompt_name" must be a string naming one of the model\'s prompts'
 BAD_INSTRUCTION = '"instruction" must be a non-empty string'
+MULTI_VECTOR_DIMENSIONS = ('"dimensions" is not supported by a multi-vector model: its token vectors keep their '
+                           '{width} dimensions (the width its MaxSim scores were trained on)')
 
 
 @dataclass(frozen=True)
@@ -36,10 +43,11 @@ class EmbeddingsRequest:
 
 
 def parse_embeddings_request(body: dict[str, Any], *, oai_route: bool, default_normalize: int,
-                             width: int, takes_images: bool = False) -> EmbeddingsRequest:
+                             width: int, takes_images: bool = False, multi_vector: bool = False) -> EmbeddingsRequest:
     """Checks in llama's order (§3.1 steps 4, 5, 8), then our fields; llama's type-error 500s are 400s here (§13).
 
-    width: the model's embedding width, the most `dimensions` may keep; takes_images: whether it embeds images.
+    width: the model's embedding width, the most `dimensions` may keep; takes_images: whether it embeds images;
+    multi_vector: it answers one row per token (then `dimensions` is refused).
     """
     if "input" in body:
         prompts, oai = parse_input_prompts(body["input"], takes_images), oai_route
@@ -67,9 +75,9 @@ def parse_embeddings_request(body: dict[str, Any], *, oai_route: bool, default_n
     if instruction is not None and (not isinstance(instruction, str) or not instruction):
         raise bad_request(BAD_INSTRUCTION)
     dimensions = body.get("dimensions")
-    if dimensions is not None and (not isinstance(dimensions, int) or isinstance(dimensions, bool)
-                                   or not 1 <= dimensions <= width):
-        raise bad_request(f'"dimensions" must be an integer from 1 to {width} (the model\'s embedding width)')
+    if dimensions is not None and multi_vector:
+        raise bad_request(MULTI_VECTOR_DIMENSIONS.format(width=width))
+    check_dimensions(dimensions, width)
 
     model = body.get("model")
     return EmbeddingsRequest(prompts=prompts, oai=oai, encoding_format=encoding_format,
@@ -91,7 +99,9 @@ def _rows(vector: np.ndarray, embd_normalize: int) -> np.ndarray:
 
 
 def _oai_item(vector: np.ndarray, index: int, request: EmbeddingsRequest) -> dict[str, Any]:
-    normalized = normalize_embedding(_kept(vector, request.dimensions), request.embd_normalize)
+    # a multi-vector model's rows come normalized by the model, one by one
+    normalized = vector if vector.ndim == 2 else normalize_embedding(_kept(vector, request.dimensions),
+                                                                     request.embd_normalize)
     if request.encoding_format == "base64":
         raw = np.asarray(normalized, dtype="<f4").tobytes()
         return {"embedding": base64.b64encode(raw).decode("ascii"), "index": index, "object": "embedding",

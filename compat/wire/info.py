@@ -59,7 +59,7 @@ def render_props_response(settings: Settings, info: ModelInfo, version: str,
         "rows": info.batch_rows,
         "batch_tokens": info.batch_tokens,
         "widths": list(info.widths),
-        **embedding_capabilities(info, prompt_texts=True),
+        **request_capabilities(info, prompt_texts=True),
     }
 
 
@@ -94,21 +94,25 @@ def render_model_meta(info: ModelInfo) -> dict[str, Any]:
     """/v1/models `meta` of a loaded model."""
     return {"vocab_type": int(info.vocab_type), "n_vocab": info.n_vocab, "n_ctx": info.slot_ctx,
             "n_ctx_train": info.n_ctx_train, "n_embd": info.n_embd, "n_params": info.n_params,
-            "size": info.size_bytes, "ftype": info.ftype, **embedding_capabilities(info, prompt_texts=False)}
+            "size": info.size_bytes, "ftype": info.ftype, **request_capabilities(info, prompt_texts=False)}
 
 
-def embedding_capabilities(info: ModelInfo, *, prompt_texts: bool) -> dict[str, Any]:
-    """What an embedding request may ask of this model (ours, absent for rerankers): its prompts (names, or
+def request_capabilities(info: ModelInfo, *, prompt_texts: bool) -> dict[str, Any]:
+    """What a request may ask of this model (ours): an embedding model's prompts (names, or
     name -> text), the default one, the instruction template, whether texts go through its chat template, the
-    `dimensions` range (Matryoshka) and what an input may be (input_modalities: "text", "image")."""
+    `dimensions` range (Matryoshka; null for a multi-vector model, which refuses it), what an input may be
+    (input_modalities: "text", "image") and whether the model answers one vector per token (multi_vector: a
+    late-interaction model, which /maxsim scores). A reranker has only input_modalities: what its query and
+    documents may be."""
     if info.is_reranker:
-        return {}
+        return {"input_modalities": list(info.modalities)}
     return {"prompts": dict(info.prompts) if prompt_texts else [name for name, _ in info.prompts],
             "default_prompt_name": info.default_prompt_name,
             "instruction_template": info.instruction_template,
             "chat_template_inputs": info.chat_template_inputs,
-            "dimensions": {"min": 1, "max": info.n_embd},
-            "input_modalities": list(info.modalities)}
+            "dimensions": None if info.multi_vector else {"min": 1, "max": info.n_embd},
+            "input_modalities": list(info.modalities),
+            "multi_vector": info.multi_vector}
 
 
 def render_slots_response(info: ModelInfo, n_processing: int) -> list[dict[str, Any]]:

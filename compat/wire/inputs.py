@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Union
 
+import numpy as np
 import orjson
 
 from compat.errors import bad_request
@@ -54,21 +55,29 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
         raise bad_request(str(exc)) from None
     if not isinstance(body, dict):
         raise bad_request("The request body must be a JSON object")
-    if json_depth(body) > MAX_JSON_DEPTH:
+    if json_depth(raw) > MAX_JSON_DEPTH:
         raise bad_request(TOO_DEEP)
     return body
 
 
-def json_depth(value: Any) -> int:
-    """Levels of arrays/objects (a scalar is 0), walked level by level without recursion; it stops once past
-    the bound, so a deep body costs no more than a shallow one."""
-    depth = 0
-    level = [value] if isinstance(value, (list, dict)) else []
-    while level and depth <= MAX_JSON_DEPTH:
-        depth += 1
-        level = [child for node in level for child in (node.values() if isinstance(node, dict) else node)
-                 if isinstance(child, (list, dict))]
-    return depth
+_NOT_STRUCTURE = bytes(range(256)).translate(None, b'"[]{}')  # translate() deletes these: all but quotes, brackets
+_STEP = np.zeros(256, np.int8)  # what a byte does to the nesting level
+_STEP[list(b"[{")], _STEP[list(b"]}")] = 1, -1
+
+
+def json_depth(raw: bytes | str) -> int:
+    """Levels of arrays/objects in a valid JSON text (a scalar is 0), read off its bytes in a few C-speed passes:
+    walking the parsed value costs a Python step per element, tens of ms on a megabyte of token ids.
+
+    Escaped backslashes, then escaped quotes, are dropped, so every quote left opens or closes a string; of the
+    quotes and brackets that remain, brackets after an even number of quotes are the structure."""
+    text = raw.encode() if isinstance(raw, str) else raw
+    if b'\\"' in text:  # an escaped quote (or an escaped backslash before a closing one); else quotes are all real
+        text = text.replace(b"\\\\", b"").replace(b'\\"', b"")
+    marks = np.frombuffer(text.translate(None, _NOT_STRUCTURE), np.uint8)
+    steps = _STEP[marks]
+    steps[np.bitwise_xor.accumulate(marks == ord('"'))] = 0  # inside a string: after an odd number of quotes
+    return int(np.cumsum(steps, dtype=np.int32).max(initial=0))
 
 
 def is_token(value: Any) -> bool:
@@ -143,6 +152,16 @@ def _subprompt(value: Any, takes_images: bool) -> Prompt:
     if isinstance(value, list) and value and all(_is_content_part(part) for part in value):
         return [_content_part(part, takes_images) for part in value]  # several content parts: one input
     return parse_mixed_prompt(value)
+
+
+def parse_media_item(value: Any) -> Prompt | None:
+    """A content part, a list of content parts or llama's multimodal object as ONE prompt of text and images
+    (whatever the model takes: the caller checks); None when `value` is none of those forms."""
+    if isinstance(value, dict) and (_is_content_part(value) or "prompt_string" in value):
+        return _object_prompt(value, True)
+    if isinstance(value, list) and value and all(_is_content_part(part) for part in value):
+        return [_content_part(part, True) for part in value]
+    return None
 
 
 def has_media(prompt: Prompt) -> bool:

@@ -17,8 +17,13 @@ Shapes, chosen by route and body:
   "billed_units":{"search_units":N}},"model","usage"}, N = one per 100 documents. Cohere v2 truncates long
   documents by itself, so this route truncates unless the request says `"truncate": false`.
 
-Documents are strings or {"text": ...} objects (Cohere, Jina); `return_documents` echoes each as
-{"text": ...} or as the object sent. Results are sorted by score descending, ties by ascending index (llama
+Documents are strings or {"text": ...} objects (Cohere, Jina). For rerankers that take images, the query and
+each document may also hold one image, in the embedding routes' forms: {"text"?, "image" or "image_url": url or
+{"url"}} objects (Jina, the seed's API; "image" wins over "image_url"), an OpenAI content part or a list of them,
+and llama's {"prompt_string", "multimodal_data"}; the image comes first and its text follows it, as the
+reference rerankers format an item. Any other reranker answers 400 naming the item (llama's multimodal
+message). `return_documents` echoes a string as {"text": ...} and anything else as the request sent it (an
+image's data: URL or base64 included); TEI's `return_text` gives an item's text parts ("" for an image alone). Results are sorted by score descending, ties by ascending index (llama
 leaves ties unspecified), then cut to `top_n` (absent or null: all). `usage` counts the tokens of every
 scored pair, returned or not. Client faults llama answers with 500 (negative `top_n`, bad JSON) are 400.
 """
@@ -28,19 +33,24 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Union
 
-from compat.errors import bad_request
+from compat.errors import ApiError, bad_request
+from compat.wire.inputs import MULTIMODAL, MediaRef, Prompt, has_media, parse_media_item
 from engine.types import RerankResult
 
 NO_QUERY = '"query" must be provided'
 QUERY_NOT_STRING = '"query" must be a string'
 BAD_DOCUMENTS = '"documents" must be a non-empty string array'
 BAD_DOCUMENT_OBJECT = 'a "documents" object must have a "text" string'
+BAD_ITEM_OBJECT = 'an object must have a "text" string, an "image" or an "image_url"'
+BAD_IMAGE_FIELD = '"{key}" must be an image URL (data:, file://, http(s)://) or base64, or {{"url": ...}}'
 BAD_TOP_N = '"top_n" must be a non-negative integer'
 BAD_RANK_FIELDS = '"rank_fields" is not supported: send each document as a string or as {"text": ...}'
 BAD_INSTRUCTION = '"instruction" must be a string'
 
 Shape = Literal["jina", "tei", "cohere-v2"]
-Document = Union[str, dict[str, Any]]
+Document = Union[str, dict[str, Any], list[Any]]
+# What the model scores for the query or one document: its text, or (it holds an image) its parts
+Item = Union[str, Prompt]
 
 # Cohere / TEI fields accepted and ignored (no lookup reads them):
 # - priority (Cohere v2, a scheduling hint), relevant_spans (Cohere v2; spans are optional in its answers) and
@@ -53,9 +63,9 @@ Document = Union[str, dict[str, Any]]
 
 @dataclass(frozen=True)
 class RerankRequest:
-    query: str
+    query: Item
     documents: list[Document]  # as sent: `return_documents` echoes them
-    texts: list[str]  # what the model scores, one per document
+    items: list[Item]  # what the model scores, one per document
     shape: Shape
     top_n: int | None  # None: every document
     return_documents: bool  # Jina / Cohere shapes: each result gets its `document`
@@ -65,15 +75,52 @@ class RerankRequest:
     model: str | None  # echoed when the request named one as a string
 
 
-def _document_text(document: Any) -> str:
-    if isinstance(document, str):
-        return document
-    if isinstance(document, dict):
-        text = document.get("text")
-        if isinstance(text, str):
-            return text
-        raise bad_request(BAD_DOCUMENT_OBJECT)
-    raise bad_request(BAD_DOCUMENTS)
+def _image_field(value: dict[str, Any], label: str) -> MediaRef | None:
+    """An item object's "image" (or else "image_url"): a URL string or {"url": ...}."""
+    for key in ("image", "image_url"):
+        image = value.get(key)
+        if image is None:
+            continue
+        url = image.get("url") if isinstance(image, dict) else image
+        if not isinstance(url, str) or not url:
+            raise bad_request(f"{label}: " + BAD_IMAGE_FIELD.format(key=key))
+        return MediaRef(url)
+    return None
+
+
+def _object_parts(value: dict[str, Any], label: str, takes_images: bool) -> Prompt:
+    """{"text"?, "image"?, "image_url"?}: the image first, then the text."""
+    text, image = value.get("text"), _image_field(value, label)
+    bad_text = text is not None and not isinstance(text, str)
+    if bad_text or (text is None and image is None):
+        text_only_document = image is None and not takes_images and label != "query"
+        raise bad_request(BAD_DOCUMENT_OBJECT if text_only_document else f"{label}: {BAD_ITEM_OBJECT}")
+    return [*([image] if image else []), *([text] if text else [])]
+
+
+def _item(value: Any, label: str, takes_images: bool) -> Item | None:
+    """One query or document as sent -> its text, or its parts when it holds an image; None when the value is
+    no item form at all (the caller answers with llama's message for its field)."""
+    if isinstance(value, str):
+        return value
+    try:
+        parts = parse_media_item(value)
+    except ApiError as exc:
+        raise bad_request(f"{label}: {exc.message}") from None
+    if parts is None and isinstance(value, dict):
+        parts = _object_parts(value, label, takes_images)
+    if parts is None:
+        return None
+    if not has_media(parts):
+        return item_text(parts)
+    if not takes_images:
+        raise bad_request(f"{label}: {MULTIMODAL}")
+    return parts
+
+
+def item_text(item: Item) -> str:
+    """An item's text parts (an image alone: "")."""
+    return item if isinstance(item, str) else "".join(part for part in item if isinstance(part, str))
 
 
 def _flag(body: dict[str, Any], key: str, default: bool | None) -> bool | None:
@@ -93,14 +140,16 @@ def _top_n(value: Any, n_documents: int) -> int | None:
     return min(value, n_documents)
 
 
-def parse_rerank_request(body: dict[str, Any], *, cohere_v2: bool) -> RerankRequest:
-    """llama's checks in its order (§4.1 steps 3-6), then the fields it does not read."""
+def parse_rerank_request(body: dict[str, Any], *, cohere_v2: bool, takes_images: bool = False) -> RerankRequest:
+    """llama's checks in its order (§4.1 steps 3-6), then the fields it does not read.
+
+    takes_images: the reranker scores images (else an item holding one is 400 naming it)."""
     shape: Shape = "cohere-v2" if cohere_v2 else "tei" if "texts" in body else "jina"
 
     if "query" not in body:
         raise bad_request(NO_QUERY)
-    query = body["query"]
-    if not isinstance(query, str):
+    query = _item(body["query"], "query", takes_images)
+    if query is None:
         raise bad_request(QUERY_NOT_STRING)
 
     # `documents` wins over `texts`; a null `documents` falls back to `texts`, as llama's json_value does
@@ -109,7 +158,9 @@ def parse_rerank_request(body: dict[str, Any], *, cohere_v2: bool) -> RerankRequ
         documents = body.get("texts")
     if not isinstance(documents, list) or not documents:
         raise bad_request(BAD_DOCUMENTS)
-    texts = [_document_text(document) for document in documents]
+    items = [_item(document, f"document {i}", takes_images) for i, document in enumerate(documents)]
+    if any(item is None for item in items):
+        raise bad_request(BAD_DOCUMENTS)
 
     top_n = _top_n(body.get("top_n"), len(documents))
 
@@ -121,7 +172,7 @@ def parse_rerank_request(body: dict[str, Any], *, cohere_v2: bool) -> RerankRequ
         raise bad_request(BAD_INSTRUCTION)
     model = body.get("model")
     return RerankRequest(
-        query=query, documents=documents, texts=texts, shape=shape, top_n=top_n,
+        query=query, documents=documents, items=items, shape=shape, top_n=top_n,
         return_documents=bool(_flag(body, "return_documents", False)),
         return_text=bool(_flag(body, "return_text", False)),
         truncate=_flag(body, "truncate", True if cohere_v2 else None),
@@ -137,7 +188,7 @@ def ranked_indices(scores: Sequence[float], top_n: int | None) -> list[int]:
 def _tei_result(request: RerankRequest, index: int, score: float) -> dict[str, Any]:
     item: dict[str, Any] = {"index": index, "score": score}
     if request.return_text:
-        item["text"] = request.texts[index]
+        item["text"] = item_text(request.items[index])
     return item
 
 

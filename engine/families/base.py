@@ -11,6 +11,8 @@ import mlx.nn as nn
 
 from engine.errors import UnsupportedCheckpoint
 
+SLIDING_ATTENTION = "sliding_attention"  # transformers' layer_types name of a windowed attention layer
+
 
 @dataclass
 class BaseModelArgs:
@@ -234,3 +236,22 @@ def rotate(x: mx.array, cos: mx.array, sin: mx.array) -> mx.array:
     """Rotary embedding in the rotate-half layout on [B, H, L, Dh]."""
     half = x.shape[-1] // 2
     return x * cos + mx.concatenate([-x[..., half:], x[..., :half]], axis=-1) * sin
+
+
+def checked_layer_types(family: str, layer_types: list[str] | tuple[str, ...], n_layers: int, kinds: tuple[str, ...],
+                        window: int | None = None) -> list[str]:
+    """`layer_types` as a list when it names one of `kinds` for each of the n_layers layers, and a sliding-attention
+    layer has a `window` to slide; otherwise UnsupportedCheckpoint naming what is wrong."""
+    types = list(layer_types)
+    if len(types) != n_layers or set(types) - set(kinds):
+        raise UnsupportedCheckpoint(f"{family} layer_types {types!r} do not describe {n_layers} "
+                                    f"{'/'.join(kinds)} layers")
+    if SLIDING_ATTENTION in types and not window:
+        raise UnsupportedCheckpoint(f"{family}: {SLIDING_ATTENTION} layers without a sliding window")
+    return types
+
+
+def is_bidirectional(model_type: str | None, is_causal: bool | None, use_bidirectional_attention: bool | None) -> bool:
+    """A decoder trained without the causal mask (LLM2Vec / Nemotron-embed's llama_bidirec, EmbeddingGemma), as
+    its config.json says it; the registry (default pooling) and the families (the mask) both decide by this."""
+    return model_type == "llama_bidirec" or is_causal is False or bool(use_bidirectional_attention)

@@ -21,7 +21,14 @@ import mlx.nn as nn
 
 from engine.errors import UnsupportedCheckpoint
 from engine.families import llama
-from engine.families.base import BaseModelArgs, attention, rope_settings, rotate, split_heads
+from engine.families.base import (
+    BaseModelArgs,
+    attention,
+    checked_layer_types,
+    rope_settings,
+    rotate,
+    split_heads,
+)
 from engine.families.llama import FULL, SLIDING
 
 
@@ -57,11 +64,8 @@ class ModelArgs(BaseModelArgs):
         if self.layer_types is None:
             pattern = self.sliding_window_pattern
             self.layer_types = [SLIDING if (i + 1) % pattern else FULL for i in range(self.num_hidden_layers)]
-        if set(self.layer_types) - {FULL, SLIDING} or len(self.layer_types) != self.num_hidden_layers:
-            raise UnsupportedCheckpoint(f"Gemma 3 layer_types {self.layer_types!r} do not describe "
-                                        f"{self.num_hidden_layers} full/sliding attention layers")
-        if SLIDING in self.layer_types and not self.sliding_window:
-            raise UnsupportedCheckpoint("Gemma 3: sliding_attention layers without a sliding_window")
+        self.layer_types = checked_layer_types("Gemma 3", self.layer_types, self.num_hidden_layers, (FULL, SLIDING),
+                                               self.sliding_window)
         per_kind = self.rope_parameters if self.rope_parameters and FULL in self.rope_parameters else {}
         # rope_scaling (linear, on the larger Gemma 3 models) applies to the full-attention layers only
         self.rope = {

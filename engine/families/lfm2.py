@@ -18,7 +18,7 @@ import mlx.nn as nn
 
 from engine.errors import UnsupportedCheckpoint
 from engine.families import llama
-from engine.families.base import BaseModelArgs, rope_settings
+from engine.families.base import BaseModelArgs, checked_layer_types, is_bidirectional, rope_settings
 
 CONV, FULL = "conv", "full_attention"
 
@@ -44,6 +44,7 @@ class ModelArgs(BaseModelArgs):
     rope_theta: float | None = None
     rope_parameters: dict[str, Any] | None = None
     rope_scaling: dict[str, Any] | None = None
+    model_type: str = "lfm2"
     is_causal: bool | None = None
     use_bidirectional_attention: bool | None = None
     head_dim: int = field(init=False)
@@ -53,7 +54,7 @@ class ModelArgs(BaseModelArgs):
     causal = True
 
     def __post_init__(self):
-        if self.is_causal is False or self.use_bidirectional_attention:
+        if is_bidirectional(self.model_type, self.is_causal, self.use_bidirectional_attention):
             raise UnsupportedCheckpoint("bidirectional LFM2 (a non-causal convolution) is not supported; "
                                         "causal LFM2 checkpoints are")
         self.num_key_value_heads = self.num_key_value_heads or self.num_attention_heads
@@ -61,9 +62,7 @@ class ModelArgs(BaseModelArgs):
         if self.layer_types is None:
             full = set(self.full_attn_idxs if self.full_attn_idxs is not None else range(self.num_hidden_layers))
             self.layer_types = [FULL if i in full else CONV for i in range(self.num_hidden_layers)]
-        if set(self.layer_types) - {FULL, CONV} or len(self.layer_types) != self.num_hidden_layers:
-            raise UnsupportedCheckpoint(f"LFM2 layer_types {self.layer_types!r} do not describe "
-                                        f"{self.num_hidden_layers} conv/full_attention layers")
+        self.layer_types = checked_layer_types("LFM2", self.layer_types, self.num_hidden_layers, (CONV, FULL))
         self.ff_dim = self.block_ff_dim or self.intermediate_size
         if self.block_auto_adjust_ff_dim:  # transformers' Lfm2MLP sizing rule
             self.ff_dim = int(2 * self.ff_dim / 3)

@@ -17,10 +17,13 @@ import mlx.nn as nn
 
 from engine.errors import UnsupportedCheckpoint
 from engine.families.base import (
+    SLIDING_ATTENTION,
     BaseModelArgs,
     Trunk,
     activation,
     attention,
+    checked_layer_types,
+    is_bidirectional,
     rope_inverse_frequencies,
     rope_settings,
     rotary_tables,
@@ -30,7 +33,7 @@ from engine.families.base import (
     token_positions,
 )
 
-FULL, SLIDING = "full_attention", "sliding_attention"
+FULL, SLIDING = "full_attention", SLIDING_ATTENTION
 
 
 @dataclass
@@ -78,14 +81,9 @@ class ModelArgs(BaseModelArgs):
         self.rope = rope_settings(self.family, self.rope_parameters, self.rope_scaling, self.rope_theta,
                                   self.default_rope_theta)
         self.qkv_bias = self.o_bias = self.attention_bias
-        self.causal = not (self.model_type == "llama_bidirec" or self.is_causal is False
-                           or self.use_bidirectional_attention)
-        self.layer_types = self._layer_types()
-        if set(self.layer_types) - {FULL, SLIDING} or len(self.layer_types) != self.num_hidden_layers:
-            raise UnsupportedCheckpoint(f"{self.family} layer_types {self.layer_types!r} do not describe "
-                                        f"{self.num_hidden_layers} full/sliding attention layers")
-        if SLIDING in self.layer_types and not self.sliding_window:
-            raise UnsupportedCheckpoint(f"{self.family}: sliding_attention layers without a sliding_window")
+        self.causal = not is_bidirectional(self.model_type, self.is_causal, self.use_bidirectional_attention)
+        self.layer_types = checked_layer_types(self.family, self._layer_types(), self.num_hidden_layers,
+                                               (FULL, SLIDING), self.sliding_window)
 
     def _layer_types(self) -> list[str]:
         """Llama attends fully everywhere (it has no sliding window); Mistral slides on every layer when
@@ -173,16 +171,18 @@ class DecoderModel(nn.Module):
         return {kind: sequence_mask(attention_mask, args.causal, args.window(kind)) for kind in kinds}
 
     def __call__(self, input_ids: mx.array, attention_mask: mx.array) -> mx.array:
-        """Padded ids and mask [B, L] (left or right padding) -> final normed hidden states [B, L, D].
+        """Padded ids and mask [B, L] (left or right padding) -> final normed hidden states [B, L, D]."""
+        return self.decode(self.embed(input_ids), attention_mask)
 
-        Each layer kind (full / sliding) gets its mask and its rotary tables, built once per pass."""
+    def decode(self, x: mx.array, attention_mask: mx.array) -> mx.array:
+        """Input embeddings [B, L, D] (a vision-language family's, image features merged in) -> final normed
+        hidden states. Each layer kind (full / sliding) gets its mask and its rotary tables, built once per pass."""
         args = self.args
         positions = token_positions(attention_mask)
         kinds = set(args.layer_types)
         tables = {kind: rotary_tables(positions, rope_inverse_frequencies(args.head_dim, args.rope_of(kind)))
                   for kind in kinds}
         masks = self.layer_masks(attention_mask, kinds)
-        x = self.embed(input_ids)
         for layer in self.layers:
             x = layer(x, masks[layer.layer_type], *tables[layer.layer_type])
         return self.norm(x)

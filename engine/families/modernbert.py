@@ -14,15 +14,17 @@ import mlx.nn as nn
 
 from engine.errors import UnsupportedCheckpoint
 from engine.families.base import (
+    SLIDING_ATTENTION,
     BaseModelArgs,
     Trunk,
     activation,
     attention,
+    checked_layer_types,
     padding_mask,
     split_heads,
 )
 
-GLOBAL, LOCAL = "full_attention", "sliding_attention"
+GLOBAL, LOCAL = "full_attention", SLIDING_ATTENTION
 
 
 @dataclass
@@ -59,9 +61,8 @@ class ModelArgs(BaseModelArgs):
         if self.layer_types is None:
             every = self.global_attn_every_n_layers
             self.layer_types = [LOCAL if i % every else GLOBAL for i in range(self.num_hidden_layers)]
-        if len(self.layer_types) != self.num_hidden_layers or set(self.layer_types) - {GLOBAL, LOCAL}:
-            raise UnsupportedCheckpoint(f"ModernBERT layer_types {self.layer_types!r} do not describe "
-                                        f"{self.num_hidden_layers} full/sliding attention layers")
+        self.layer_types = checked_layer_types("ModernBERT", self.layer_types, self.num_hidden_layers, (GLOBAL, LOCAL),
+                                               self.local_attention)
         if self.rope_scaling:
             raise UnsupportedCheckpoint(f"ModernBERT rope_scaling {self.rope_scaling!r} is not supported")
         params = self.rope_parameters or {}

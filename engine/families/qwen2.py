@@ -15,13 +15,13 @@ class ModelArgs(llama.ModelArgs):
     max_window_layers: int = 28
 
     def __post_init__(self):
+        if not self.use_sliding_window:
+            self.sliding_window = None  # Qwen's configs carry a window they only use with use_sliding_window
         super().__post_init__()
         self.qkv_bias, self.o_bias = True, False
 
     def _layer_types(self) -> list[str]:
-        """Qwen slides only when use_sliding_window is set, and then from layer max_window_layers on."""
-        if not self.use_sliding_window:
-            self.sliding_window = None
+        """Qwen slides (with use_sliding_window) from layer max_window_layers on."""
         if self.layer_types is not None:
             return list(self.layer_types)
         return [SLIDING if self.sliding_window and i >= self.max_window_layers else FULL

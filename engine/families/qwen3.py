@@ -35,14 +35,18 @@ class CausalLM(llama.Model):
 
     def head_rows(self, token_ids: list[int]) -> mx.array:
         """The LM head's rows for these tokens, [len(token_ids), D] (dequantized when the head is quantized)."""
-        ids = mx.array(token_ids)
-        if self.args.tie_word_embeddings:
-            return self.model.embed_tokens(ids)  # an embedding lookup is exactly the tied head's rows
-        head = self.lm_head
-        if isinstance(head, nn.QuantizedLinear):
-            return mx.dequantize(head.weight[ids], head.scales[ids], head.biases[ids], head.group_size, head.bits)
-        return head.weight[ids]
+        return head_rows(None if self.args.tie_word_embeddings else self.lm_head, self.model.embed_tokens, token_ids)
 
     def sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
         # some tied exports still carry a copy of the head
         return llama.backbone_weights(weights, keep_head=not self.args.tie_word_embeddings)
+
+
+def head_rows(head: nn.Module | None, embed_tokens: nn.Module, token_ids: list[int]) -> mx.array:
+    """Rows of an LM head (None: tied to embed_tokens) for these tokens, dequantized when quantized."""
+    ids = mx.array(token_ids)
+    if head is None:
+        return embed_tokens(ids)  # an embedding lookup is exactly the tied head's rows
+    if isinstance(head, nn.QuantizedLinear):
+        return mx.dequantize(head.weight[ids], head.scales[ids], head.biases[ids], head.group_size, head.bits)
+    return head.weight[ids]

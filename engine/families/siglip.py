@@ -201,15 +201,22 @@ class AttentionPoolingHead(nn.Module):
 
 
 class VisionTransformer(nn.Module):
-    def __init__(self, args: VisionArgs):
+    """with_head=False: a tower read for its patch features (a VLM's vision encoder), whose head is never built."""
+
+    def __init__(self, args: VisionArgs, with_head: bool = True):
         super().__init__()
         self.embeddings = VisionEmbeddings(args)
         self.encoder = Encoder(args)
         self.post_layernorm = nn.LayerNorm(args.hidden_size, eps=args.layer_norm_eps)
-        self.head = AttentionPoolingHead(args)
+        if with_head:
+            self.head = AttentionPoolingHead(args)
+
+    def patch_features(self, pixels: mx.array) -> mx.array:
+        """pixels [B, C, H, W] -> post-layernorm patch states [B, n_patches, D] (transformers' last_hidden_state)."""
+        return self.post_layernorm(self.encoder(self.embeddings(pixels)))
 
     def __call__(self, pixels: mx.array) -> mx.array:
-        return self.head(self.post_layernorm(self.encoder(self.embeddings(pixels))))
+        return self.head(self.patch_features(pixels))
 
 
 class Model(nn.Module):

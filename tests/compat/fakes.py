@@ -6,9 +6,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from engine.errors import EmptyInput, InputTooLong, InvalidInput, InvalidTokens
+from engine.errors import EmptyInput, InputTooLong, InvalidInput, InvalidTokens, TooManyInputs
 from engine.prompts import format_prompts
-from engine.types import EmbedResult, ModelInfo, Pooling, RerankResult, Timings, VocabType
+from engine.types import EmbedResult, ImageInput, ModelInfo, Pooling, RerankResult, Timings, VocabType
 
 CLS, SEP = 101, 102
 N_VOCAB = 1000
@@ -28,6 +28,13 @@ def token_rows(ids: Sequence[int]) -> np.ndarray:
     return np.array([[t, t % 7 - 3, 1.5, -2.0] for t in ids], dtype=np.float32)
 
 
+def item_words(item: str | ImageInput) -> str:
+    """What the fake scores an item by: its text, an image as one word naming its size before it."""
+    if isinstance(item, ImageInput):
+        return " ".join(f"[image:{len(part)}]" if isinstance(part, bytes) else part for part in item.parts)
+    return item
+
+
 def pair_score(query: str, document: str) -> float:
     """Words the document shares with the query, less a little per document word: unbounded, like a logit."""
     words = document.split()
@@ -43,9 +50,11 @@ class FakeEngine:
 
     def __init__(self, pooling: Pooling = Pooling.MEAN, loaded: bool = True, max_input_tokens: int = 16,
                  limit_kind: str = "ubatch", kind: str = "embedder", prompts: tuple[tuple[str, str], ...] = (),
-                 default_prompt_name: str | None = None, instruction_template: str | None = None):
+                 default_prompt_name: str | None = None, instruction_template: str | None = None,
+                 max_queue_items: int = 4096, modalities: tuple[str, ...] = ("text",)):
         """kind: "embedder" | "cross-encoder" | "generative-reranker" (a reranker has rank pooling).
-        prompts, default_prompt_name, instruction_template: as a loaded embedding model's ModelInfo carries them."""
+        prompts, default_prompt_name, instruction_template: as a loaded embedding model's ModelInfo carries them.
+        modalities: ("text", "image") for a reranker that takes images (its image items score as item_words)."""
         self.is_loaded = loaded
         self.info = ModelInfo(
             path="/models/fake-minilm", model_type="bert", architecture="BertModel", vocab_type=VocabType.WPM,
@@ -53,8 +62,10 @@ class FakeEngine:
             ftype="F32", pooling=Pooling.RANK if kind != "embedder" else pooling,
             max_input_tokens=max_input_tokens, truncate_tokens=512, slot_ctx=256, n_slots=2, bos_token="[CLS]",
             eos_token="[SEP]", kind=kind, batch_tokens=4096, batch_rows=16, widths=(8, 16, 512), prompts=prompts,
-            default_prompt_name=default_prompt_name, instruction_template=instruction_template, family="bert")
+            default_prompt_name=default_prompt_name, instruction_template=instruction_template, family="bert",
+            modalities=modalities)
         self.limit_kind = limit_kind
+        self.max_queue_items = max_queue_items
         self.embed_calls: list[dict] = []
         self.encode_calls: list[dict] = []
         self.rerank_calls: list[dict] = []
@@ -79,6 +90,10 @@ class FakeEngine:
             self._words.update(zip(words, part.split(), strict=True))
             ids += [CLS, *words, SEP] if i == 0 and add_special else words
         return ids
+
+    def check_count(self, n_inputs: int) -> None:
+        if n_inputs > self.max_queue_items:
+            raise TooManyInputs(n_inputs, self.max_queue_items)
 
     def format_prompts(self, prompts, prompt_name=None, instruction=None, truncate=None):
         """The engine's rule for a model without a chat template (engine.prompts.format_prompts)."""
@@ -117,7 +132,7 @@ class FakeEngine:
         return EmbedResult(vectors=vectors, n_tokens=[len(ids) for ids in kept],
                            timings=Timings(tokenize_s=0.0, queue_s=0.002, inference_s=0.0125))
 
-    def rerank(self, query: str, documents: Sequence[str], *, truncate: bool | None = None,
+    def rerank(self, query: str | ImageInput, documents: Sequence[str | ImageInput], *, truncate: bool | None = None,
                instruction: str | None = None, timeout_s: float = 3600) -> RerankResult:
         """Raises what Engine.rerank raises, in its order; truncate None means the fake's --no-truncate."""
         self.rerank_calls.append({"query": query, "documents": list(documents), "truncate": truncate,
@@ -126,8 +141,13 @@ class FakeEngine:
             raise InvalidInput("this server runs an embedding model: start a reranker with --reranking")
         if instruction is not None and self.info.kind != "generative-reranker":
             raise InvalidInput("'instruction' is only used by generative rerankers; this one is a cross-encoder")
+        images = [label for label, item in [("query", query), *((f"document {i}", d) for i, d in enumerate(documents))]
+                  if isinstance(item, ImageInput)]
+        if images and not self.info.takes_images:
+            raise InvalidInput(f"{images[0]} is an image, but this reranker (BertModel) scores text only")
         if self.raise_on_rerank is not None:
             raise self.raise_on_rerank
+        query, documents = item_words(query), [item_words(document) for document in documents]
         limit = self.info.max_input_tokens
         n_tokens = [pair_tokens(query, document) for document in documents]
         for n in n_tokens:

@@ -596,7 +596,7 @@ def test_props_shape_and_values(make_client):
                           "chat_template", "bos_token", "eos_token", "build_info", "is_sleeping",
                           "cors_proxy_enabled", "family", "max_seq", "rows", "batch_tokens", "widths", "prompts",
                           "default_prompt_name", "instruction_template", "chat_template_inputs", "dimensions",
-                          "input_modalities"]
+                          "input_modalities", "multi_vector"]
     assert list(body["default_generation_settings"]) == ["params", "n_ctx"]
     assert list(body["default_generation_settings"]["params"]) == PARAMS_KEYS
     assert body["default_generation_settings"]["n_ctx"] == 256
@@ -647,10 +647,10 @@ def test_models_shape(make_client, path):
                              "n_params": 22713216, "size": 90868376, "ftype": "F32", "prompts": [],
                              "default_prompt_name": None, "instruction_template": None,
                              "chat_template_inputs": False, "dimensions": {"min": 1, "max": 4},
-                             "input_modalities": ["text"]}
+                             "input_modalities": ["text"], "multi_vector": False}
     assert list(model["meta"]) == ["vocab_type", "n_vocab", "n_ctx", "n_ctx_train", "n_embd", "n_params", "size",
                                    "ftype", "prompts", "default_prompt_name", "instruction_template",
-                                   "chat_template_inputs", "dimensions", "input_modalities"]
+                                   "chat_template_inputs", "dimensions", "input_modalities", "multi_vector"]
 
 
 def test_models_without_alias_lists_the_model_name(make_client):

@@ -2,9 +2,11 @@
 and message, and that the server keeps serving afterwards."""
 from __future__ import annotations
 
+import json
 import threading
 import time
 
+import orjson
 import pytest
 from falcon.testing import TestClient
 
@@ -48,8 +50,21 @@ def test_json_nesting_is_bounded(make_client, depth):
     assert client.simulate_post("/v1/embeddings", json={"input": "x"}).status_code == 200
 
 
-def test_json_depth_counts_levels():
-    assert [json_depth(v) for v in (1, "s", [], {}, {"a": [1, 2]}, {"a": [[1], [2, {"b": [3]}]]})] == [0, 0, 1, 1, 2, 5]
+def _nesting(value: object) -> int:
+    """The reference: levels of arrays/objects in a parsed value."""
+    if isinstance(value, (list, dict)):
+        return 1 + max(map(_nesting, value.values() if isinstance(value, dict) else value), default=0)
+    return 0
+
+
+@pytest.mark.parametrize("value", [1, "s", [], {}, {"a": [1, 2]}, {"a": [[1], [2, {"b": [3]}]]},
+                                   # brackets and quotes inside strings, escaped quotes and backslashes
+                                   {"[[[": "{{{", "a": ["]]]", "\\", "\\[", '\"[', '"', "\\\"{{"], "b": {"c": []}},
+                                   ["\\", ["\\\\\"]]", [[]]], "é[ü"]])
+def test_json_depth_counts_levels_of_the_text(value):
+    # the text as clients send it: compact, indented, or with non-ASCII escaped
+    for text in (orjson.dumps(value), json.dumps(value, indent=2).encode(), json.dumps(value)):
+        assert json_depth(text) == _nesting(value), text
 
 
 def _draining_client(*argv: str) -> tuple[TestClient, Lifecycle]:
@@ -92,6 +107,14 @@ def test_more_documents_than_the_client_batch_size_is_413(make_client):
         res = client.simulate_post(path, json=body)
         assert res.status_code == 413 and "3 documents; the server accepts at most 2" in res.json["error"]["message"]
     assert client.simulate_post("/rerank", json={"query": "q", "documents": ["a", "b"]}).status_code == 200
+
+
+def test_more_inputs_than_the_engine_queue_holds_is_413_before_any_work(make_client):
+    engine = FakeEngine(max_queue_items=2)
+    engine.format_prompts = engine.embed_prompts = None  # called, they would raise: the count is checked first
+    res = make_client("--embedding", engine=engine).simulate_post("/v1/embeddings", json={"input": ["a", "b", "c"]})
+    assert (res.status_code, res.json["error"]["message"]) == (
+        413, "this request has 3 inputs; the engine queue holds at most 2 (--max-queue-items)")
 
 
 def test_the_default_client_batch_size_refuses_20000_inputs_with_413(make_client):

@@ -118,11 +118,12 @@ def test_remote_images_only_when_allowed_and_bounded(loopback):
         load(f"{loopback}/missing.png", policy(allow_remote=True))
 
 
-def test_an_input_holds_one_image_and_errors_name_it():
-    assert image_input(3, ["caption ", MediaRef(B64)], policy()).text == "caption "
-    for prompt, message in ((["x"], "input 2 has 0 images"), ([MediaRef(B64), MediaRef(B64)], "input 2 has 2 images"),
-                            ([MediaRef(B64), 5], "input 2: token ids cannot be combined"),
+def test_an_input_keeps_its_parts_in_order_and_errors_name_it():
+    got = image_input("input 3", ["caption ", MediaRef(B64), " between ", MediaRef(B64)], policy())
+    assert got.parts == ("caption ", PNG, " between ", PNG)
+    assert got.text == "caption  between " and got.images == [PNG, PNG]
+    for prompt, message in (([MediaRef(B64), 5], "input 2: token ids cannot be combined"),
                             ([MediaRef("file://x.png")], "input 2: file:// URLs are not allowed")):
         with pytest.raises(ApiError) as caught:
-            image_input(2, prompt, policy())
+            image_input("input 2", prompt, policy())
         assert caught.value.status == 400 and message in caught.value.message

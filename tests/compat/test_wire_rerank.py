@@ -5,6 +5,7 @@ import orjson
 import pytest
 
 from compat.errors import ApiError
+from compat.wire.inputs import MediaRef
 from compat.wire.rerank import parse_rerank_request, ranked_indices, render_rerank_response
 from engine.types import RerankResult
 
@@ -26,7 +27,7 @@ def error_of(body, cohere_v2=False) -> tuple[int, str]:
 
 def test_parse_defaults():
     request = parse({"query": "q", "documents": ["a", {"text": "b", "id": 7}]})
-    assert (request.query, request.texts, request.shape) == ("q", ["a", "b"], "jina")
+    assert (request.query, request.items, request.shape) == ("q", ["a", "b"], "jina")
     assert request.documents == ["a", {"text": "b", "id": 7}]
     assert (request.top_n, request.return_documents, request.return_text) == (None, False, False)
     assert (request.truncate, request.instruction, request.model) == (None, None, None)
@@ -40,8 +41,8 @@ def test_shape_follows_the_route_and_the_texts_key():
 
 
 def test_documents_win_over_texts_and_null_documents_fall_back():
-    assert parse({"query": "q", "documents": ["d"], "texts": ["t"]}).texts == ["d"]
-    assert parse({"query": "q", "documents": None, "texts": ["t"]}).texts == ["t"]
+    assert parse({"query": "q", "documents": ["d"], "texts": ["t"]}).items == ["d"]
+    assert parse({"query": "q", "documents": None, "texts": ["t"]}).items == ["t"]
 
 
 @pytest.mark.parametrize("body,message", [
@@ -88,7 +89,7 @@ def test_cohere_fields_that_cannot_change_results_are_accepted():
     request = parse({"query": "q", "documents": ["a"], "rank_fields": ["text"], "max_chunks_per_doc": 3,
                      "max_tokens_per_doc": 4096, "priority": 2, "relevant_spans": {"mode": "enabled"},
                      "raw_scores": True, "truncation_direction": "Right"})
-    assert request.texts == ["a"]
+    assert request.items == ["a"]
 
 
 def test_truncate_default_is_the_servers_except_on_cohere_v2():
@@ -155,3 +156,80 @@ def test_usage_counts_every_pair_even_beyond_top_n():
     body = render({"query": "q", "documents": ["a", "b", "c"], "top_n": 0}, [1.0, 2.0, 3.0], n_tokens=[7, 8, 9])
     assert body["results"] == []
     assert body["usage"] == {"prompt_tokens": 24, "total_tokens": 24}
+
+
+# ---------------------------------------------------------------- images (rerankers that take them)
+
+URL = "data:image/png;base64,iVBORw0KGgo="
+
+
+def parse_images(body):
+    return parse_rerank_request(body, cohere_v2=False, takes_images=True)
+
+
+@pytest.mark.parametrize("value,item", [
+    ({"image": URL}, [MediaRef(URL)]),
+    ({"image": {"url": URL}, "text": "a chart"}, [MediaRef(URL), "a chart"]),  # the image first, its text after
+    ({"image_url": URL, "text": ""}, [MediaRef(URL)]),
+    ({"image": URL, "image_url": "ignored"}, [MediaRef(URL)]),  # "image" wins
+    ({"type": "image_url", "image_url": {"url": URL}}, [MediaRef(URL)]),
+    ([{"type": "text", "text": "see "}, {"type": "image_url", "image_url": URL}], ["see ", MediaRef(URL)]),
+    ({"prompt_string": "<__media__> caption", "multimodal_data": [URL]}, [MediaRef(URL), " caption"]),
+])
+def test_image_items_in_every_form(value, item):
+    request = parse_images({"query": value, "documents": ["text", value]})
+    assert request.query == item
+    assert request.items == ["text", item]
+
+
+def test_text_only_objects_and_parts_collapse_to_their_text():
+    request = parse_images({"query": {"type": "text", "text": "q"},
+                            "documents": [{"text": "a"}, [{"type": "text", "text": "b"}, {"type": "text", "text": "c"}],
+                                          {"prompt_string": "d"}]})
+    assert (request.query, request.items) == ("q", ["a", "bc", "d"])
+
+
+@pytest.mark.parametrize("body,message", [
+    ({"query": "q", "documents": ["a", {"image": URL}]},
+     "document 1: Multimodal data provided, but model does not support multimodal requests."),
+    ({"query": {"type": "image_url", "image_url": {"url": URL}}, "documents": ["a"]},
+     "query: Multimodal data provided, but model does not support multimodal requests."),
+    ({"query": "q", "documents": [{"prompt_string": "<__media__>", "multimodal_data": [URL]}]},
+     "document 0: Multimodal data provided, but model does not support multimodal requests."),
+])
+def test_an_image_for_a_text_only_reranker_is_400_naming_the_item(body, message):
+    assert error_of(body) == (400, message)
+
+
+@pytest.mark.parametrize("body,message", [
+    ({"query": "q", "documents": [{"image": 5}]},
+     'document 0: "image" must be an image URL (data:, file://, http(s)://) or base64, or {"url": ...}'),
+    ({"query": "q", "documents": [{"image_url": {"link": URL}}]},
+     'document 0: "image_url" must be an image URL (data:, file://, http(s)://) or base64, or {"url": ...}'),
+    ({"query": {"title": "x"}, "documents": ["a"]}, 'query: an object must have a "text" string, an "image" or an '
+                                                    '"image_url"'),
+    ({"query": "q", "documents": ["a", {"text": 3, "image": URL}]},
+     'document 1: an object must have a "text" string, an "image" or an "image_url"'),
+    ({"query": "q", "documents": [{"type": "video_url"}]},
+     "document 0: content part type 'video_url' is not supported (supported: text, image_url)"),
+    ({"query": "q", "documents": [{"prompt_string": "x", "multimodal_data": [URL]}]},
+     'document 0: "prompt_string" has 0 media markers (<__media__>) for 1 "multimodal_data" images; there must be '
+     'one marker per image'),
+    ({"query": ["q"], "documents": ["a"]}, '"query" must be a string'),
+])
+def test_bad_image_items_are_400_naming_the_item(body, message):
+    with pytest.raises(ApiError) as caught:
+        parse_images(body)
+    assert (caught.value.status, caught.value.message) == (400, message)
+
+
+def test_return_documents_echoes_image_documents_as_sent_and_tei_text_is_their_text():
+    docs = ["plain", {"image": URL, "text": "caption", "id": 3}, [{"type": "image_url", "image_url": {"url": URL}}]]
+    body = {"query": "q", "documents": docs, "return_documents": True}
+    result = RerankResult(scores=[0.1, 0.3, 0.2], n_tokens=[1, 2, 3])
+    rendered = render_rerank_response(parse_images(body), result, "m", response_id="r")
+    assert [r["document"] for r in rendered["results"]] == [docs[1], docs[2], {"text": "plain"}]
+    tei = render_rerank_response(parse_images({"query": "q", "texts": docs, "return_text": True}), result, "m",
+                                 response_id="r")
+    assert tei == [{"index": 1, "score": 0.3, "text": "caption"}, {"index": 2, "score": 0.2, "text": ""},
+                   {"index": 0, "score": 0.1, "text": "plain"}]

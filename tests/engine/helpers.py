@@ -125,3 +125,16 @@ def make_random_bert(out: Path, *, hidden_act: str = "gelu", seed: int = 0, init
         target.write_text(content if isinstance(content, str) else json.dumps(content), encoding="utf-8")
     assert (out / "model.safetensors").is_file()
     return out
+
+
+def byte_level_bpe(corpus: list[str], specials: list[str], vocab_size: int):
+    """A `tokenizers` byte-level BPE (GPT-2 / Qwen / SmolLM style) trained on `corpus`, `specials` added first."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(corpus, trainer)
+    return tok

@@ -113,6 +113,18 @@ def test_sentence_transformers_6_module_paths_are_understood(tmp_path):
     assert ck.module_types == ("Transformer", "Pooling")
 
 
+def test_every_configuration_file_is_read_once(tmp_path, monkeypatch):
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "2_Dense", "type": "sentence_transformers.models.Dense"}]
+    folder = write_folder(tmp_path, {"modules.json": modules, "sentence_bert_config.json": {"max_seq_length": 64}})
+    reads: list[str] = []
+    real = Path.read_text
+    monkeypatch.setattr(Path, "read_text", lambda self, *a, **kw: reads.append(self.name) or real(self, *a, **kw))
+    ck = checkpoint.read(folder)
+    assert (ck.module_types, ck.dense_folders, ck.max_seq_length) == (("Transformer", "Dense"), (folder / "2_Dense",), 64)
+    assert sorted(reads) == sorted(set(reads)) and {"modules.json", "sentence_bert_config.json"} <= set(reads)
+
+
 def test_unknown_module_type_is_refused_by_name(tmp_path):
     modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
                {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
@@ -212,3 +224,11 @@ def test_st6_layout_resolves_cls_and_model_max_length(st6_checkpoint):
         np.testing.assert_allclose(result.vectors[0], eng.embed([cut]).vectors[0], rtol=0, atol=1e-6)
     finally:
         eng.close()
+
+
+@pytest.mark.parametrize("value, text", [("<s>", "<s>"), ({"content": "</s>", "lstrip": False}, "</s>"),
+                                         (None, None), ({"lstrip": True}, None), (5, None)])
+def test_special_token_text_reads_both_spellings(value, text):
+    # tokenizer_config.json / special_tokens_map.json write a special token as a string or an AddedToken object;
+    # the tokenizer, the chat template's variables and the SentencePiece build all read it through this
+    assert checkpoint.special_token_text(value) == text

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from engine.scheduler import BatchLimits, next_batch, warm_widths
+from engine.scheduler import ALONE, TEXTS, BatchLimits, next_batch, warm_widths
 
 
 @dataclass
@@ -142,3 +142,12 @@ def test_fixed_width_rows_use_one_width():
     assert [limits.width(n) for n in (1, 9, 64)] == [64, 64, 64]
     assert warm_widths(64, fixed_width=64) == [64]
     assert len(next_batch(waiting(*[5] * 10), limits)) == 4
+
+
+def test_a_vision_language_input_holding_images_runs_alone_and_texts_batch_around_it():
+    items = [W(40, 0, ALONE), W(10, 1, TEXTS), W(12, 2, TEXTS), W(30, 3, ALONE)]
+    limits = BatchLimits(4096, 8, max_seq=512)
+    assert next_batch(items, limits) == [0]
+    rest = items[1:]
+    assert sorted(next_batch(rest, limits)) == [0, 1]  # the texts share a pass; the other image input waits
+    assert next_batch(rest[2:], limits) == [0]

@@ -139,12 +139,20 @@ def test_alone_and_in_a_mixed_batch_agree(minilm):
         np.testing.assert_allclose(vec, minilm.embed([ids]).vectors[0], rtol=0, atol=1e-5)
 
 
-def test_embed_prompts_tokenizes_in_the_engine(minilm):
-    """Text and mixed prompts go in as sent; the engine tokenizes them (timed) and embeds the same ids."""
+def test_embed_prompts_tokenizes_in_the_engine(minilm, minilm_path):
+    """Text and mixed prompts go in as sent; the engine tokenizes them (timed) and embeds the ids the checkpoint's
+    own tokenizer gives, under llama's mixed-prompt rule (only a leading text gets [CLS]/[SEP])."""
+    from tokenizers import Tokenizer
+
+    reference = Tokenizer.from_file(str(minilm_path / "tokenizer.json"))
+    reference.no_padding()  # the file pads to 128: sentence-transformers pads per batch, to its longest text
     prompts = [[TARGET], ["ok", 2003, "x"], [101, 2003, 102]]
+    token_lists = [reference.encode(TARGET).ids,
+                   [*reference.encode("ok").ids, 2003, *reference.encode("x", add_special_tokens=False).ids],
+                   [101, 2003, 102]]
+    assert token_lists[0][0] == 101 and token_lists[0][-1] == 102 and len(token_lists[1]) == 5
     result = minilm.embed_prompts(prompts)
     assert result.timings.tokenize_s > 0
-    token_lists = [minilm.encode_prompt(p) for p in prompts]
     assert result.n_tokens == [len(ids) for ids in token_lists]
     for got, expected in zip(result.vectors, minilm.embed(token_lists).vectors, strict=True):
         np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5)
@@ -329,6 +337,21 @@ def test_a_request_larger_than_the_queue_is_refused_whole(minilm_path):
             eng.embed([ids, ids, ids])
         assert eng.stats()["requests_deferred"] == 0  # all or nothing
         assert len(eng.embed([ids, ids]).vectors) == 2
+    finally:
+        eng.close()
+
+
+def test_too_many_inputs_is_refused_before_tokenizing(minilm_path, monkeypatch):
+    eng = start_engine(minilm_path, max_queue_items=2)
+    try:
+        def untouchable(*args, **kwargs):
+            raise AssertionError("tokenized a request that is refused by its count")
+
+        monkeypatch.setattr(eng.tokenizer, "encode_prompts", untouchable)
+        monkeypatch.setattr(eng.tokenizer, "encode", untouchable)
+        for call in (eng.embed_prompts, eng.embed):
+            with pytest.raises(TooManyInputs, match="3 inputs; the engine queue holds at most 2"):
+                call([["a"], ["b"], ["c"]])
     finally:
         eng.close()
 

@@ -67,7 +67,7 @@ def test_jsonl_corpus_equals_server_and_reports_bad_rows(tmp_path, expected, cap
     assert code == 1
     assert f"{source}: line 4 (id empty): empty text" in err
     assert f"{source}: line 5 (id nothing): no 'text' field" in err
-    assert f"{source}: line 6 (id long): 602 tokens, over the model's limit of 512" in err
+    assert f"{source}: line 6 (id long): input (602 tokens) exceeds the ubatch limit of 512 tokens" in err
     assert f"{source}: line {len(records) + 1}: not valid JSON" in err
     assert "4 rows failed and are not in" in err
     ids, vectors = read(out)

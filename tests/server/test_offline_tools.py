@@ -94,11 +94,12 @@ def test_encoder_options_follow_the_server(encoder, embed_server):
 def test_encoder_errors_are_the_servers(encoder):
     with pytest.raises(InputTooLong, match="602 tokens"):
         encoder.encode(["word " * 600])
-    with pytest.raises(InvalidInput, match="dimensions must be an integer from 1 to 384"):
+    with pytest.raises(InvalidInput, match='"dimensions" must be an integer from 1 to 384'):
         encoder.encode(TEXTS, dimensions=385)
     rows = encoder.encode_rows(["a text", "", None, "word " * 600])
     assert rows.errors[0] is None and rows.errors[1] == "empty text" and rows.errors[2] == "missing text"
-    assert rows.errors[3].startswith("602 tokens, over the model's limit of 512")
+    # the engine's own refusal (what encode raises), with the way out
+    assert rows.errors[3] == "input (602 tokens) exceeds the ubatch limit of 512 tokens (--truncate cuts it instead)"
     np.testing.assert_allclose(rows.vectors[0], encoder.encode(["a text"])[0], rtol=0, atol=1e-6)
     assert not rows.vectors[1:].any() and rows.n_tokens[1:] == [0, 0, 0]
 
@@ -272,6 +273,21 @@ def test_mlx_rerank_sigmoid_and_text_output(rerank_server, capsys):
     assert "at least one document" in capsys.readouterr().err
     assert rerank_main(["-m", str(ce_fixture_dir()), "-q", QUERY, "-d", "x", "--instruction", "Judge"]) == 1
     assert "only used by generative rerankers" in capsys.readouterr().err
+
+
+def test_mlx_rerank_images_need_a_reranker_that_takes_them(tmp_path, capsys):
+    image = tmp_path / "page.png"
+    image.write_bytes(b"\x89PNG\r\n\x1a\n")
+    ce = str(ce_fixture_dir())
+    assert rerank_main(["-m", ce, "-q", QUERY, "-d", "x", "--image", str(image)]) == 1
+    assert ("error: document 1 is an image, but this reranker (BertForSequenceClassification) scores text only"
+            in capsys.readouterr().err)
+    assert rerank_main(["-m", ce, "--query-image", str(image), "-d", "x"]) == 1
+    assert "query is an image, but this reranker" in capsys.readouterr().err
+    assert rerank_main(["-m", ce, "-q", QUERY, "--image", str(tmp_path / "missing.png")]) == 1
+    assert f"--image {tmp_path / 'missing.png'}: No such file or directory" in capsys.readouterr().err
+    assert rerank_main(["-m", ce, "--image", str(image)]) == 1
+    assert "give a query and at least one document" in capsys.readouterr().err
 
 
 def test_console_scripts_are_declared_and_run():

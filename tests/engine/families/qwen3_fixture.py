@@ -19,16 +19,13 @@ CORPUS = [
 ] * 20
 
 
-def build_tokenizer():
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+def build_tokenizer(extra_specials: tuple[str, ...] = ()):
+    """extra_specials: more special tokens after Qwen3's (Qwen3-VL's vision markers)."""
     from transformers import PreTrainedTokenizerFast
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=QWEN3_SPECIALS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(CORPUS, trainer)
+    from tests.engine.helpers import byte_level_bpe
+
+    tok = byte_level_bpe(CORPUS, QWEN3_SPECIALS + list(extra_specials), 600)
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
 
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tests.engine.helpers import perturb_vectors
+
 CORPUS = [
     "a photo of a cat", "a photo of a dog", "two cats sleeping on a red sofa", "a diagram of a steam engine",
     "quarterly revenue grew twelve percent", "the giant panda is a bear species endemic to china",
@@ -33,17 +35,6 @@ def build_tokenizer():
                                    model_max_length=TEXT_WIDTH)
 
 
-def _perturb(model, seed: int) -> None:
-    """LayerNorms start at 1/0 and the probe is random: shift every 1-D parameter so a dropped one shows."""
-    import torch
-
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for _, p in model.named_parameters():
-            if p.ndim == 1:
-                p.add_(torch.randn(p.shape, generator=gen) * 0.1)
-
-
 def _configs(vocab_size: int):
     from transformers import SiglipTextConfig, SiglipVisionConfig
 
@@ -67,7 +58,7 @@ def make_checkpoint(folder: Path, seed: int = 0, text_only: bool = False) -> Pat
         model = SiglipTextModel(text).eval()
     else:
         model = SiglipModel(SiglipConfig(text_config=text.to_dict(), vision_config=vision.to_dict())).eval()
-    _perturb(model, seed)
+    perturb_vectors(model, seed)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     if not text_only:
@@ -96,7 +87,7 @@ def make_spiece_checkpoint(folder: Path, seed: int = 1) -> Path:
     text, _ = _configs(tokenizer.vocab_size)
     torch.manual_seed(seed)
     model = SiglipTextModel(text).eval()
-    _perturb(model, seed)
+    perturb_vectors(model, seed)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder

@@ -2,13 +2,19 @@
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
+import pytest
 
 import engine  # noqa: F401  (binds the BLAS before MLX is used)
-from engine.families.base import _exp, attention, gelu_erf, softmax
+from engine.errors import UnsupportedCheckpoint
+from engine.families import gemma3_text, lfm2, llama, modernbert, qwen2
+from engine.families.base import _exp, attention, checked_layer_types, gelu_erf, is_bidirectional, softmax
+from engine.registry import default_pooling
+from engine.types import Pooling
 
 
 def test_gelu_matches_the_exact_erf_gelu():
@@ -42,3 +48,38 @@ def test_attention_matches_the_reference_and_respects_the_mask():
     # a fully masked row stays finite (no NaN leaking into the next layer)
     none = mx.zeros((2, 1, 1, 9), dtype=mx.bool_)
     assert np.isfinite(np.array(attention(q, k, v, none))).all()
+
+
+def test_layer_types_are_checked_once_for_every_family():
+    kinds = ("full_attention", "sliding_attention")
+    assert checked_layer_types("X", ("full_attention", "sliding_attention"), 2, kinds, 8) == list(kinds)
+    with pytest.raises(UnsupportedCheckpoint, match=r"X layer_types \['full_attention'\] do not describe 2 "
+                                                   r"full_attention/sliding_attention layers"):
+        checked_layer_types("X", ["full_attention"], 2, kinds, 8)
+    with pytest.raises(UnsupportedCheckpoint, match="do not describe 1"):
+        checked_layer_types("X", ["conv"], 1, kinds, 8)
+    with pytest.raises(UnsupportedCheckpoint, match="X: sliding_attention layers without a sliding window"):
+        checked_layer_types("X", ["sliding_attention"], 1, kinds, None)
+    # each family goes through it, under its own name
+    small = dict(vocab_size=10, hidden_size=8, num_hidden_layers=2, num_attention_heads=2, intermediate_size=8)
+    for module, name, extra in ((qwen2, "qwen2", {"model_type": "qwen2"}), (gemma3_text, "Gemma 3", {}),
+                                (modernbert, "ModernBERT", {}), (lfm2, "LFM2", {})):
+        with pytest.raises(UnsupportedCheckpoint, match=f"{name} layer_types \\['odd'\\] do not describe 2"):
+            module.ModelArgs.from_dict({**small, **extra, "layer_types": ["odd"]})
+    with pytest.raises(UnsupportedCheckpoint, match="Gemma 3: sliding_attention layers without a sliding window"):
+        gemma3_text.ModelArgs.from_dict({**small, "sliding_window": None})
+
+
+@pytest.mark.parametrize("config, bidirectional", [
+    ({"model_type": "llama"}, False), ({"model_type": "llama_bidirec"}, True),
+    ({"model_type": "llama", "is_causal": False}, True), ({"model_type": "llama", "is_causal": True}, False),
+    ({"model_type": "llama", "use_bidirectional_attention": True}, True),
+])
+def test_one_bidirectional_rule_for_the_mask_and_the_default_pooling(config, bidirectional):
+    assert is_bidirectional(config["model_type"], config.get("is_causal"),
+                            config.get("use_bidirectional_attention")) is bidirectional
+    args = llama.ModelArgs.from_dict({**config, "vocab_size": 10, "hidden_size": 8, "num_hidden_layers": 1,
+                                      "num_attention_heads": 2, "intermediate_size": 8})
+    assert args.causal is not bidirectional
+    checkpoint = SimpleNamespace(config=config, model_type=config["model_type"], architecture="LlamaModel")
+    assert default_pooling(checkpoint) is (Pooling.MEAN if bidirectional else Pooling.NONE)

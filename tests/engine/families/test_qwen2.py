@@ -19,7 +19,9 @@ def windowed(tmp_path_factory):
 def test_layer_types_follow_use_sliding_window_and_max_window_layers(windowed):
     base = dict(model_type="qwen2", vocab_size=10, hidden_size=8, num_hidden_layers=3, num_attention_heads=2,
                 intermediate_size=8, sliding_window=4, max_window_layers=1)
-    assert qwen2.ModelArgs.from_dict(base).layer_types == [qwen2.FULL] * 3
+    plain = qwen2.ModelArgs.from_dict(base)
+    assert plain.layer_types == [qwen2.FULL] * 3 and plain.sliding_window is None  # the window is unused
+    assert plain._layer_types() == plain.layer_types and plain.sliding_window is None  # asking changes nothing
     args = qwen2.ModelArgs.from_dict({**base, "use_sliding_window": True})
     assert args.layer_types == [qwen2.FULL, qwen2.SLIDING, qwen2.SLIDING] and args.window(qwen2.SLIDING) == 4
     assert args.qkv_bias and not args.o_bias

@@ -127,10 +127,10 @@ def test_vision_tower_matches_transformers_in_mixed_batches(folders):
     try:
         assert eng.info.modalities == ("text", "image") and eng.info.image_tokens == 16
         token_lists = [eng.encode_prompt([text]) for text in TEXTS[:3]]
-        mixed = [ImageInput(images[0]), token_lists[0], ImageInput(images[1]), ImageInput(images[2]), token_lists[1],
-                 ImageInput(images[3]), token_lists[2], ImageInput(images[4])]
+        mixed = [ImageInput.image(images[0]), token_lists[0], ImageInput.image(images[1]), ImageInput.image(images[2]), token_lists[1],
+                 ImageInput.image(images[3]), token_lists[2], ImageInput.image(images[4])]
         result = eng.embed(mixed)
-        alone = eng.embed([ImageInput(images[2])]).vectors[0]
+        alone = eng.embed([ImageInput.image(images[2])]).vectors[0]
     finally:
         eng.close()
     got_images = [v for v, item in zip(result.vectors, mixed) if isinstance(item, ImageInput)]
@@ -151,18 +151,18 @@ def test_bad_images_and_images_for_text_only_models_name_the_input(folders):
     eng = start_engine(folders["SiglipModel"], image_max_pixels=1000)
     try:
         with pytest.raises(InvalidImage, match="input 1: not an image"):
-            eng.embed([eng.encode_prompt(["a cat"]), ImageInput(b"not an image")])
+            eng.embed([eng.encode_prompt(["a cat"]), ImageInput.image(b"not an image")])
         with pytest.raises(InvalidImage, match=r"input 0: the image has 2240 pixels.*1000 allowed"):
-            eng.embed([ImageInput(png_images(1)[0])])
+            eng.embed([ImageInput.image(png_images(1)[0])])
         with pytest.raises(InvalidInput, match="input 0: this model embeds either a text or one image"):
-            eng.embed([ImageInput(png_images(4)[3], text="a caption")])
+            eng.embed([ImageInput((png_images(4)[3], "a caption"))])
     finally:
         eng.close()
     text_only = start_engine(folders["SiglipTextModel"])
     try:
         assert text_only.info.modalities == ("text",)
         with pytest.raises(InvalidInput, match="input 0 is an image, but this model"):
-            text_only.embed([ImageInput(png_images(1)[0])])
+            text_only.embed([ImageInput.image(png_images(1)[0])])
     finally:
         text_only.close()
 

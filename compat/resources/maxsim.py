@@ -1,0 +1,49 @@
+"""POST /maxsim and /v1/maxsim: a multi-vector (late-interaction) model scores documents for a query by MaxSim.
+
+The body and the answer are the rerank routes' (compat/wire/rerank.py): `query`, `documents` (texts, or images
+in any of the rerank routes' forms), `top_n`, `return_documents`, `truncate`; results sorted by score, `usage`
+counting every input's tokens, image tokens included (the query's too). A score is the sum over the query's
+token vectors of the best dot product with any of the document's (engine/maxsim.py), raw, not averaged. The
+query and the documents go through the engine as one embedding request (same batching, limits and /metrics);
+a model that is not multi-vector answers 400.
+"""
+from __future__ import annotations
+
+import uuid
+
+import falcon
+
+from compat.errors import bad_request, check_client_batch
+from compat.media import image_input, request_media_policy
+from compat.models import EMBEDDING
+from compat.resources.leasing import model_request
+from compat.routing import Models
+from compat.wire.inputs import Prompt, has_media
+from compat.wire.rerank import Item, parse_rerank_request, render_rerank_response
+
+
+class MaxSimResource:
+    def __init__(self, models: Models):
+        self._models = models
+
+    def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
+        with model_request(req, self._models, EMBEDDING) as (served, body):
+            info = served.engine.info
+            request = parse_rerank_request(body(), cohere_v2=False, takes_images=info.takes_images)
+            if request.instruction is not None:
+                raise bad_request('"instruction" is not used by MaxSim: the model builds its own query and document '
+                                  'prompts')
+            check_client_batch(len(request.items), served.settings.max_client_batch_size, "documents")
+            served.engine.check_count(len(request.items) + 1)  # before any image is fetched
+            prompts = [_prompt(item) for item in (request.query, *request.items)]
+            policy = request_media_policy(prompts, served.settings)
+            labels = ["query", *(f"document {i}" for i in range(len(request.items)))]
+            inputs = [image_input(label, p, policy) if has_media(p) else p for label, p in zip(labels, prompts)]
+            result = served.engine.maxsim(inputs[0], inputs[1:], truncate=request.truncate,
+                                          timeout_s=served.remaining_s)
+            served.record(result)
+        resp.media = render_rerank_response(request, result, served.name, response_id=str(uuid.uuid4()))
+
+
+def _prompt(item: Item) -> Prompt:
+    return [item] if isinstance(item, str) else item

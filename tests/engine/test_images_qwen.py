@@ -1,0 +1,142 @@
+"""The Qwen2-VL image processor against transformers' Qwen2VLImageProcessorPil on the same encoded images."""
+from __future__ import annotations
+
+import io
+import json
+
+import numpy as np
+import pytest
+
+from engine.errors import UnsupportedCheckpoint
+from engine.images import InvalidImage
+from engine.images_qwen import QwenImageProcessor
+
+# (name, preprocessor_config.json, the tower's patch_size): a Qwen2.5-VL export (top-level pixel bounds, CLIP
+# statistics) and a Qwen3-VL one (transformers 5's size keys, patch 16, mean and std 0.5)
+CONFIGS = {
+    "qwen2_5_vl": ({"image_processor_type": "Qwen2VLImageProcessor", "min_pixels": 3136, "max_pixels": 28 * 28 * 40,
+                    "patch_size": 14, "temporal_patch_size": 2, "merge_size": 2,
+                    "image_mean": [0.48145466, 0.4578275, 0.40821073],
+                    "image_std": [0.26862954, 0.26130258, 0.27577711],
+                    "size": {"min_pixels": 3136, "max_pixels": 12845056}}, 14),
+    "qwen3_vl": ({"image_processor_type": "Qwen2VLImageProcessorFast", "patch_size": 16, "temporal_patch_size": 2,
+                  "merge_size": 2, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
+                  "size": {"shortest_edge": 64 * 64, "longest_edge": 32 * 32 * 50}}, 16),
+}
+# odd sizes: below min_pixels, above max_pixels, long strips, sides that round both ways
+SIZES = [(37, 91), (300, 17), (5, 5), (1000, 700), (61, 250), (29, 29)]
+MODES = ["RGB", "RGBA", "L", "LA", "P", "CMYK", "1", "I;16"]
+
+
+def encode(width: int, height: int, mode: str, seed: int) -> bytes:
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    rgba = Image.fromarray(rng.integers(0, 256, (height, width, 4), dtype=np.uint8), "RGBA")
+    if mode == "P":
+        image = rgba.convert("RGB").convert("P", palette=Image.Palette.ADAPTIVE)
+        image.info["transparency"] = 3  # one palette entry is transparent
+    elif mode == "I;16":
+        image = Image.fromarray(rng.integers(0, 65536, (height, width), dtype=np.uint16))
+    else:
+        image = rgba.convert(mode)
+    buf = io.BytesIO()
+    image.save(buf, "TIFF" if mode == "CMYK" else "PNG")
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module", params=list(CONFIGS))
+def processors(request, tmp_path_factory):
+    """(ours, transformers') built from the same preprocessor_config.json."""
+    import transformers
+
+    config, patch_size = CONFIGS[request.param]
+    folder = tmp_path_factory.mktemp(request.param)
+    (folder / "preprocessor_config.json").write_text(json.dumps(config))
+    ours = QwenImageProcessor.from_checkpoint(folder, patch_size=patch_size, temporal_patch_size=2, merge_size=2)
+    return ours, transformers.Qwen2VLImageProcessorPil.from_pretrained(folder)
+
+
+def reference(processor, data: bytes, drop_alpha: bool = False):
+    from PIL import Image
+
+    image = Image.open(io.BytesIO(data))
+    if drop_alpha:  # what colpali-engine's ColQwen2.5 processor does before the image processor
+        image = image.convert("RGB")
+    out = processor([image], return_tensors="np")
+    return out["pixel_values"], tuple(int(x) for x in out["image_grid_thw"][0])
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_pixels_and_grid_equal_the_reference_on_odd_sizes(processors, size):
+    ours, theirs = processors
+    data = encode(*size, "RGB", seed=size[0])
+    got = ours(data, max_pixels=10**7)
+    pixels, grid = reference(theirs, data)
+    assert got.grid_thw == grid
+    assert got.pixel_values.shape == pixels.shape and got.pixel_values.dtype == np.float32
+    np.testing.assert_allclose(got.pixel_values, pixels, atol=1e-6, rtol=0)
+    assert got.n_tokens == int(np.prod(grid)) // 4
+    assert got.n_tokens * 4 == got.pixel_values.shape[0]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_non_rgb_modes_equal_the_reference(processors, mode):
+    ours, theirs = processors
+    data = encode(45, 33, mode, seed=7)
+    got = ours(data, max_pixels=10**7)
+    pixels, grid = reference(theirs, data)
+    assert got.grid_thw == grid
+    np.testing.assert_allclose(got.pixel_values, pixels, atol=1e-6, rtol=0)
+
+
+def test_dropping_alpha_equals_the_colqwen_processor(processors, tmp_path):
+    _, theirs = processors
+    ours = processors[0].__class__(**{**processors[0].__dict__, "drop_alpha_first": True})
+    for mode in ("RGBA", "P"):
+        data = encode(50, 40, mode, seed=3)
+        pixels, grid = reference(theirs, data, drop_alpha=True)
+        got = ours(data, max_pixels=10**7)
+        assert got.grid_thw == grid
+        np.testing.assert_allclose(got.pixel_values, pixels, atol=1e-6, rtol=0)
+
+
+def test_resized_size_equals_smart_resize(processors):
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+
+    ours, theirs = processors
+    rng = np.random.default_rng(0)
+    for height, width in rng.integers(1, 3000, (300, 2)):
+        if max(height, width) / min(height, width) > 200:
+            continue
+        assert ours.resized_size(int(height), int(width)) == smart_resize(
+            int(height), int(width), factor=ours.factor, min_pixels=theirs.size["shortest_edge"],
+            max_pixels=theirs.size["longest_edge"])
+
+
+def test_limits_and_bad_images_are_refused(processors):
+    ours, _ = processors
+    with pytest.raises(InvalidImage, match="aspect ratios up to 200:1"):
+        ours(encode(402, 2, "RGB", seed=0), max_pixels=10**7)
+    with pytest.raises(InvalidImage, match="more than the 100 allowed"):
+        ours(encode(20, 20, "RGB", seed=0), max_pixels=100)
+    with pytest.raises(InvalidImage, match="not an image"):
+        ours(b"GIF89a nonsense", max_pixels=10**7)
+
+
+def test_checkpoint_bounds_and_geometry(tmp_path):
+    def load(config: dict, patch_size: int = 14) -> QwenImageProcessor:
+        (tmp_path / "preprocessor_config.json").write_text(json.dumps(config))
+        return QwenImageProcessor.from_checkpoint(tmp_path, patch_size=patch_size, temporal_patch_size=2,
+                                                  merge_size=2)
+
+    got = load({"min_pixels": 100, "max_pixels": 5000, "size": {"shortest_edge": 1, "longest_edge": 2}})
+    assert (got.min_pixels, got.max_pixels) == (100, 5000)
+    got = load({"size": {"shortest_edge": 200, "longest_edge": 6000}})
+    assert (got.min_pixels, got.max_pixels) == (200, 6000)
+    got = load({})
+    assert (got.min_pixels, got.max_pixels, got.factor) == (3136, 28 * 28 * 1280, 28)
+    with pytest.raises(UnsupportedCheckpoint, match="patch_size is 14, but the vision tower's is 16"):
+        load({"patch_size": 14}, patch_size=16)
+    with pytest.raises(UnsupportedCheckpoint, match="'SiglipImageProcessor' is not supported"):
+        load({"image_processor_type": "SiglipImageProcessor"})
