@@ -113,7 +113,9 @@ class VisionAttention(nn.Module):
     def __call__(self, x: mx.array, mask: mx.array, cos: mx.array, sin: mx.array) -> mx.array:
         """x [G, N, D]: G groups (windows, or the whole image) of N patches, attending within each group."""
         q, k, v = (split_heads(t, self.n_heads) for t in mx.split(self.qkv(x), 3, axis=-1))
-        return self.proj(attention(rotate(q, cos, sin), rotate(k, cos, sin), v, mask))
+        # rotated in float32 (cos and sin are), then back to the compute dtype, as the reference does
+        q, k = (rotate(t, cos, sin).astype(x.dtype) for t in (q, k))
+        return self.proj(attention(q, k, v, mask))
 
 
 class VisionBlock(nn.Module):
@@ -261,7 +263,8 @@ class TextModel(llama.DecoderModel):
     def run(self, x: mx.array, attention_mask: mx.array, positions: mx.array) -> mx.array:
         args = self.args
         kinds = set(args.layer_types)
-        cos, sin = mrope_tables(positions, args.head_dim, args.rope["rope_theta"], self.mrope_section)
+        cos, sin = (t.astype(x.dtype) for t in mrope_tables(positions, args.head_dim, args.rope["rope_theta"],
+                                                           self.mrope_section))
         masks = self.layer_masks(attention_mask, kinds)
         for layer in self.layers:
             x = layer(x, masks[layer.layer_type], cos, sin)
