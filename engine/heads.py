@@ -84,6 +84,23 @@ def split_projection(weights: dict[str, mx.array], dense_folders: tuple[Path, ..
     return Projection(shapes, activations), proj_weights, rest
 
 
+def replace_own_projection(weights: dict[str, mx.array], dense_folders: tuple[Path, ...],
+                           prefix: str) -> dict[str, mx.array]:
+    """A multi-vector family applies its projection itself (`prefix`: its module, e.g. "linear."); a Dense folder
+    saved beside the checkpoint holds the trained projection (vidore's ColSmol ships it in 1_Dense) and replaces
+    the main weights' one, as sentence-transformers loads it. One Identity-activated Dense at most."""
+    if not dense_folders:
+        return weights
+    if len(dense_folders) > 1:
+        raise UnsupportedCheckpoint(f"{len(dense_folders)} Dense modules for a multi-vector model; its one "
+                                    f"projection ({prefix.rstrip('.')}) takes at most one")
+    (folder,) = dense_folders
+    if _folder_activation(folder) != "torch.nn.modules.linear.Identity":
+        raise UnsupportedCheckpoint(f"{folder}: a multi-vector model's projection has no activation")
+    dense = {f"{prefix}{k.removeprefix('linear.')}": v for k, v in _folder_weights(folder).items()}
+    return {**weights, **dense}
+
+
 def _folder_config(folder: Path) -> dict:
     path = folder / "config.json"
     if not path.is_file():

@@ -45,6 +45,8 @@ EMBEDDERS = {
     "siglip": {"", "SiglipModel", "SiglipTextModel"},
     # late interaction (multi-vector) on the Idefics3 / SmolVLM stack, as colpali-engine saves it
     "idefics3": {"ColIdefics3"},
+    # Qwen3-VL-Embedding: the VL export with a last-token pooling layout; inputs built by engine/vision/qwen3_vl.py
+    "qwen3_vl": {"", "Qwen3VLModel", "Qwen3VLForConditionalGeneration", "Qwen3VLForEmbedding"},
     # SigLIP tower + pixel shuffle + MLP connector + bidirectional Llama, mean-pooled (text and image inputs)
     "llama_nemotron_vl": {"LlamaNemotronVLModel"},
     "colqwen2": {"ColQwen2", "ColQwen2_5", "ColQwen2ForRetrieval"},  # the same on Qwen2-VL and Qwen2.5-VL
@@ -66,6 +68,7 @@ FAMILY_DEFAULT_POOLING = {"bert": Pooling.MEAN, "xlm_roberta": Pooling.MEAN, "mo
                           "nomic_bert": Pooling.MEAN, "gte": Pooling.MEAN}
 FAMILY_DEFAULT_POOLING["siglip"] = Pooling.LAST  # reported only: the towers pool at their own last position
 FAMILY_DEFAULT_POOLING["idefics3"] = FAMILY_DEFAULT_POOLING["colqwen2"] = Pooling.NONE  # multi-vector: per token
+FAMILY_DEFAULT_POOLING["qwen3_vl"] = Pooling.LAST  # every input ends in the assistant header it is read at
 FAMILY_DEFAULT_POOLING["llama_nemotron_vl"] = Pooling.MEAN  # its llm_config pools "avg"
 # Decoder backbones without 1_Pooling: a bidirectional embedding export (LLM2Vec, EmbeddingGemma) mean-pools,
 # a bare Qwen3Model export is Qwen3-Embedding (last token); any other decoder gets what llama-server gives a
@@ -165,6 +168,15 @@ def load(checkpoint: Checkpoint, kind: str | None = None, dtype: str = "auto") -
                                         f"its classifier has {labels} rows")
         model = cls(args, labels)
         trunk = model.trunk
+    elif getattr(family.Model, "multi_vector", False):  # it projects each token itself
+        model = trunk = family.Model(args)
+        folders = checkpoint.dense_folders or tuple(f for f in (checkpoint.path / "1_Dense",) if f.is_dir())
+        if folders:
+            prefix = getattr(model, "projection_prefix", None)
+            if prefix is None:
+                raise UnsupportedCheckpoint(f"{checkpoint.path}: Dense modules beside a {name} checkpoint are not "
+                                            f"supported (the family projects its tokens itself)")
+            raw = heads.replace_own_projection(raw, folders, prefix)
     else:
         model = trunk = family.Model(args)
         try:

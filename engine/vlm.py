@@ -22,6 +22,8 @@ such inputs:
 3. A late-interaction family sets `multi_vector = True` on its Model: both calls then return per-token vectors
    with the family's projection and per-token L2 norm already applied ([B, L, d]); the engine serves it with
    pooling none, trims padding rows and answers one [n_tokens, d] list per input (and MaxSim, engine/maxsim.py).
+   Its `projection_prefix` names the projection module (e.g. "linear."): a Dense folder beside the checkpoint
+   (modules.json, or 1_Dense) replaces those weights, as sentence-transformers loads a trained projection.
 
 The worker runs an input that holds images alone in its pass; text-only inputs batch as usual. Every image
 token counts: in the input's length (checked against the per-input limit, never truncated), the batch

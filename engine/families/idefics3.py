@@ -119,6 +119,7 @@ class Model(Trunk):
     embed_with_images."""
 
     multi_vector = True
+    projection_prefix = "linear."  # where a 1_Dense folder's trained projection goes (engine/heads.py)
 
     def __init__(self, args: ModelArgs):
         super().__init__()

@@ -401,6 +401,13 @@ class Model(Trunk):
             deepstack = [mx.concatenate([f.astype(embeds.dtype), zero])[source] for f in stacked]
         return self.model.language_model(embeds, attention_mask, positions, deepstack)
 
+    def embed_with_images(self, input_ids: mx.array, images: list[dict[str, mx.array]]) -> mx.array:
+        """One input, ids [1, L] with each image's <|image_pad|> run expanded, and its images' arrays in prompt
+        order (pixel_values [N, C*T*P*P], image_grid_thw [3]) -> final normed hidden states [1, L, D]."""
+        grids = [tuple(int(v) for v in np.array(image["image_grid_thw"]).reshape(3)) for image in images]
+        patches = mx.concatenate([image["pixel_values"] for image in images])
+        return self.forward(input_ids, mx.ones(input_ids.shape, dtype=mx.int32), patches, grids)
+
     def sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
         return checkpoint_weights(weights, self.args.vision, keep_head=False)
 

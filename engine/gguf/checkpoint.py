@@ -2,15 +2,26 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from engine.checkpoint import Checkpoint
 from engine.errors import UnsupportedCheckpoint
+from engine.gguf import vocab
 from engine.gguf.arch import for_architecture
 from engine.gguf.reader import GGUFFile
 from engine.types import Pooling
 
 # llama.h's llama_pooling_type values as stored in `{arch}.pooling_type`
 _POOLING = {0: Pooling.NONE, 1: Pooling.MEAN, 2: Pooling.CLS, 3: Pooling.LAST, 4: Pooling.RANK}
+
+
+def special_tokens(meta: dict[str, Any], source: str) -> dict[str, str | None]:
+    """tokenizer_config.json's bos/eos/pad tokens for a GGUF file: the ids llama.cpp uses (the file's, else its
+    tokenizer model's defaults), as text; None where llama has no such token."""
+    tokens = meta.get("tokenizer.ggml.tokens") or []
+    rules = vocab.special_rules(meta, source)
+    return {name: tokens[i] if i is not None else None
+            for name, i in (("bos_token", rules.bos_id), ("eos_token", rules.eos_id), ("pad_token", rules.pad_id))}
 
 
 def read(path: Path, label: str) -> Checkpoint:
@@ -31,16 +42,8 @@ def read(path: Path, label: str) -> Checkpoint:
         raise UnsupportedCheckpoint(f"{path}: pooling_type {stored} is not supported")
     # llama.cpp: no pooling_type means none (per-token vectors) unless --pooling says otherwise
     pooling = _POOLING[int(stored)] if stored is not None else Pooling.NONE
-    meta = gguf.metadata
-    tokens = meta.get("tokenizer.ggml.tokens") or []
-
-    def token(key: str) -> str | None:
-        value = meta.get(f"tokenizer.ggml.{key}")
-        return tokens[int(value)] if value is not None and 0 <= int(value) < len(tokens) else None
-
     return Checkpoint(
         path=path, config=config, pooling=None if pooling is Pooling.RANK else pooling,
-        tokenizer_config={"bos_token": token("bos_token_id"), "eos_token": token("eos_token_id"),
-                          "pad_token": token("padding_token_id")},
+        tokenizer_config=special_tokens(gguf.metadata, str(path)),
         max_seq_length=int(gguf.arch_value("context_length", 0)) or None,
         gguf=gguf, label=label)

@@ -3,7 +3,7 @@
 with phantom spaces), so that ids equal llama-server's /tokenize on the same file."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -59,27 +59,67 @@ class SpecialRules:
     unk_id: int | None
 
 
+# llama-vocab.cpp's defaults per tokenizer model, before the file's own tokenizer.ggml.* keys (a BPE file's
+# add_bos/add_sep also follow its pre-tokenizer)
+_DEFAULTS = {
+    "bert": SpecialRules(add_bos=True, add_eos=False, add_sep=True, bos_id=101, eos_id=None, sep_id=102, pad_id=0,
+                         unk_id=100),
+    "gpt2": SpecialRules(add_bos=False, add_eos=False, add_sep=False, bos_id=11, eos_id=11, sep_id=None, pad_id=None,
+                         unk_id=None),
+    "t5": SpecialRules(add_bos=False, add_eos=True, add_sep=False, bos_id=None, eos_id=1, sep_id=None, pad_id=0,
+                       unk_id=2),
+    "llama": SpecialRules(add_bos=True, add_eos=False, add_sep=False, bos_id=1, eos_id=2, sep_id=None, pad_id=None,
+                          unk_id=0),
+}
+
+
 def build(meta: dict[str, Any], source: str) -> tuple[Tokenizer, SpecialRules]:
     """The tokenizer of a GGUF file's metadata; `source` names the file in errors."""
+    rules = special_rules(meta, source)
     model = meta.get("tokenizer.ggml.model")
-    tokens: list[str] = meta.get("tokenizer.ggml.tokens") or []
-    if not tokens:
-        raise UnsupportedCheckpoint(f"{source}: no tokenizer.ggml.tokens: the file has no vocabulary")
+    tokens: list[str] = meta["tokenizer.ggml.tokens"]
     types = [int(t) for t in meta.get("tokenizer.ggml.token_type", [NORMAL] * len(tokens))]
     if model == "bert":
-        tok, rules = _wordpiece(meta, tokens, types)
+        tok = _wordpiece(meta, tokens, types, rules)
     elif model == "gpt2":
-        tok, rules = _byte_level_bpe(meta, tokens, types, source)
+        tok = _byte_level_bpe(meta, tokens, source)
     elif model == "t5":
-        tok, rules = _unigram(meta, tokens, types, source)
-    elif model == "llama":
-        tok, rules = _sentencepiece_bpe(meta, tokens, types, source)
+        tok = _unigram(meta, tokens, source, rules)
     else:
-        raise UnsupportedCheckpoint(f"{source}: tokenizer model {model!r} is not supported (supported: bert "
-                                    f"(WordPiece), gpt2 (byte-level BPE), llama (SentencePiece BPE), t5 (Unigram))")
+        tok = _sentencepiece_bpe(meta, tokens, types, source, rules)
     _add_specials(tok, tokens, types)
     tok.post_processor = _template(rules, tokens, model == "bert")
     return tok, rules
+
+
+def special_rules(meta: dict[str, Any], source: str) -> SpecialRules:
+    """llama.cpp's add-special flags and special token ids for a GGUF file: its tokenizer.ggml.* keys, else the
+    defaults of its tokenizer model (what llama-server tokenizes with and reports in /props)."""
+    model = meta.get("tokenizer.ggml.model")
+    n_tokens = len(meta.get("tokenizer.ggml.tokens") or [])
+    if not n_tokens:
+        raise UnsupportedCheckpoint(f"{source}: no tokenizer.ggml.tokens: the file has no vocabulary")
+    defaults = _DEFAULTS.get(str(model))
+    if defaults is None:
+        raise UnsupportedCheckpoint(f"{source}: tokenizer model {model!r} is not supported (supported: bert "
+                                    f"(WordPiece), gpt2 (byte-level BPE), llama (SentencePiece BPE), t5 (Unigram))")
+    if model == "gpt2" and (pre := _BPE_PRE.get(_pre_name(meta))) is not None:
+        defaults = replace(defaults, add_bos=pre.add_bos, add_sep=pre.add_sep)
+    return SpecialRules(
+        add_bos=_flag(meta, "add_bos_token", defaults.add_bos),
+        add_eos=_flag(meta, "add_eos_token", defaults.add_eos),
+        add_sep=_flag(meta, "add_sep_token", defaults.add_sep),
+        bos_id=_token_id(meta, "bos_token_id", defaults.bos_id, n_tokens),
+        eos_id=_token_id(meta, "eos_token_id", defaults.eos_id, n_tokens),
+        # the converter's spelling of the key
+        sep_id=_token_id(meta, "seperator_token_id", defaults.sep_id, n_tokens),
+        pad_id=_token_id(meta, "padding_token_id", defaults.pad_id, n_tokens),
+        unk_id=_token_id(meta, "unknown_token_id", defaults.unk_id, n_tokens),
+    )
+
+
+def _pre_name(meta: dict[str, Any]) -> str:
+    return str(meta.get("tokenizer.ggml.pre") or "default")
 
 
 def _flag(meta: dict[str, Any], name: str, default: bool) -> bool:
@@ -88,27 +128,14 @@ def _flag(meta: dict[str, Any], name: str, default: bool) -> bool:
 
 
 def _token_id(meta: dict[str, Any], key: str, default: int | None, n_tokens: int) -> int | None:
+    """The file's id when it is a token of the vocabulary; else (absent or out of range) llama's default."""
     value = meta.get(f"tokenizer.ggml.{key}")
     if value is not None and 0 <= int(value) < n_tokens:
         return int(value)
     return default if default is not None and default < n_tokens else None
 
 
-def _rules(meta: dict[str, Any], n_tokens: int, defaults: dict[str, Any]) -> SpecialRules:
-    return SpecialRules(
-        add_bos=_flag(meta, "add_bos_token", defaults["add_bos"]),
-        add_eos=_flag(meta, "add_eos_token", defaults["add_eos"]),
-        add_sep=_flag(meta, "add_sep_token", defaults["add_sep"]),
-        bos_id=_token_id(meta, "bos_token_id", defaults["bos"], n_tokens),
-        eos_id=_token_id(meta, "eos_token_id", defaults["eos"], n_tokens),
-        # the converter's spelling of the key
-        sep_id=_token_id(meta, "seperator_token_id", defaults["sep"], n_tokens),
-        pad_id=_token_id(meta, "padding_token_id", defaults["pad"], n_tokens),
-        unk_id=_token_id(meta, "unknown_token_id", defaults["unk"], n_tokens),
-    )
-
-
-def _wordpiece(meta: dict[str, Any], tokens: list[str], types: list[int]) -> tuple[Tokenizer, SpecialRules]:
+def _wordpiece(meta: dict[str, Any], tokens: list[str], types: list[int], rules: SpecialRules) -> Tokenizer:
     # The converter stores word starts with a phantom space and continuations bare (`##x` -> `x`).
     vocab = {}
     for i, (text, kind) in enumerate(zip(tokens, types)):
@@ -119,8 +146,6 @@ def _wordpiece(meta: dict[str, Any], tokens: list[str], types: list[int]) -> tup
         else:
             word = "##" + text
         vocab.setdefault(word, i)
-    rules = _rules(meta, len(tokens), {"add_bos": True, "add_eos": False, "add_sep": True, "bos": 101,
-                                       "eos": None, "sep": 102, "pad": 0, "unk": 100})
     unk = tokens[rules.unk_id] if rules.unk_id is not None else "[UNK]"
     # llama's WPM has no per-word length limit
     tok = Tokenizer(models.WordPiece(vocab, unk_token=unk, max_input_chars_per_word=1_000_000))
@@ -130,12 +155,11 @@ def _wordpiece(meta: dict[str, Any], tokens: list[str], types: list[int]) -> tup
                                                 strip_accents=strip_accents, lowercase=lowercase)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.decoder = decoders.WordPiece()
-    return tok, rules
+    return tok
 
 
-def _byte_level_bpe(meta: dict[str, Any], tokens: list[str], types: list[int],
-                    source: str) -> tuple[Tokenizer, SpecialRules]:
-    pre_name = str(meta.get("tokenizer.ggml.pre") or "default")
+def _byte_level_bpe(meta: dict[str, Any], tokens: list[str], source: str) -> Tokenizer:
+    pre_name = _pre_name(meta)
     pre = _BPE_PRE.get(pre_name)
     if pre is None:
         raise UnsupportedCheckpoint(f"{source}: BPE pre-tokenizer {pre_name!r} is not supported "
@@ -147,21 +171,16 @@ def _byte_level_bpe(meta: dict[str, Any], tokens: list[str], types: list[int],
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [*splits, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tok.decoder = decoders.ByteLevel()
-    rules = _rules(meta, len(tokens), {"add_bos": pre.add_bos, "add_eos": False, "add_sep": pre.add_sep,
-                                       "bos": 11, "eos": 11, "sep": None, "pad": None, "unk": None})
-    return tok, rules
+    return tok
 
 
-def _unigram(meta: dict[str, Any], tokens: list[str], types: list[int],
-             source: str) -> tuple[Tokenizer, SpecialRules]:
+def _unigram(meta: dict[str, Any], tokens: list[str], source: str, rules: SpecialRules) -> Tokenizer:
     """SentencePiece unigram (XLM-R and T5 conversions): llama.cpp's UGM normalization is the precompiled
     charsmap, then (remove_extra_whitespaces) runs of spaces collapsed and both ends stripped, then (add_space_prefix)
     a leading space, spaces written as the meta symbol."""
     scores = meta.get("tokenizer.ggml.scores")
     if scores is None:
         raise UnsupportedCheckpoint(f"{source}: a unigram tokenizer without tokenizer.ggml.scores")
-    rules = _rules(meta, len(tokens), {"add_bos": False, "add_eos": True, "add_sep": False, "bos": None,
-                                       "eos": 1, "sep": None, "pad": 0, "unk": 2})
     tok = Tokenizer(models.Unigram([(t, float(sc)) for t, sc in zip(tokens, scores)], unk_id=rules.unk_id,
                                    byte_fallback=False))
     steps = []
@@ -174,11 +193,11 @@ def _unigram(meta: dict[str, Any], tokens: list[str], types: list[int],
     prepend = "always" if _flag(meta, "add_space_prefix", True) else "never"
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement=PHANTOM_SPACE, prepend_scheme=prepend, split=True)
     tok.decoder = decoders.Metaspace(replacement=PHANTOM_SPACE, prepend_scheme=prepend, split=True)
-    return tok, rules
+    return tok
 
 
-def _sentencepiece_bpe(meta: dict[str, Any], tokens: list[str], types: list[int],
-                       source: str) -> tuple[Tokenizer, SpecialRules]:
+def _sentencepiece_bpe(meta: dict[str, Any], tokens: list[str], types: list[int], source: str,
+                       rules: SpecialRules) -> Tokenizer:
     """llama.cpp's SPM tokenizer (Gemma, Llama 2, Mistral v1 vocabularies): adjacent symbols merge, highest
     token score first, while the merged text is a token; leftovers fall back to <0xXX> byte tokens. That is BPE
     whose merges are every split of a token into two tokens, ranked by the merged token's score."""
@@ -197,8 +216,6 @@ def _sentencepiece_bpe(meta: dict[str, Any], tokens: list[str], types: list[int]
     # highest merged-token score first; ties keep vocabulary order
     order = np.lexsort((np.arange(len(merged)), -np.asarray(scores, dtype=np.float64)[merged]))
     merges = [(tokens[merged[k]][:cuts[k]], tokens[merged[k]][cuts[k]:]) for k in order.tolist()]
-    rules = _rules(meta, len(tokens), {"add_bos": True, "add_eos": False, "add_sep": False, "bos": 1,
-                                       "eos": 2, "sep": None, "pad": None, "unk": 0})
     unk = tokens[rules.unk_id] if rules.unk_id is not None else None
     tok = Tokenizer(models.BPE(vocab, merges, unk_token=unk, byte_fallback=True, fuse_unk=True))
     steps = [normalizers.Replace(" ", PHANTOM_SPACE)]
@@ -206,7 +223,7 @@ def _sentencepiece_bpe(meta: dict[str, Any], tokens: list[str], types: list[int]
         steps.insert(0, normalizers.Prepend(PHANTOM_SPACE))
     tok.normalizer = normalizers.Sequence(steps)
     tok.decoder = decoders.Sequence([decoders.Replace(PHANTOM_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()])
-    return tok, rules
+    return tok
 
 
 def _add_specials(tok: Tokenizer, tokens: list[str], types: list[int]) -> None:
@@ -218,23 +235,12 @@ def _add_specials(tok: Tokenizer, tokens: list[str], types: list[int]) -> None:
 
 
 def _template(rules: SpecialRules, tokens: list[str], wordpiece: bool) -> processors.TemplateProcessing:
-    """add_special as llama.cpp: WPM always [BOS] text [SEP]; others BOS/EOS by flag. Pairs are llama-server's
-    rerank prompt: [BOS] query [EOS] [SEP] document [EOS], each by its flag; every token type 0."""
-    def piece(token_id: int | None, wanted: bool) -> list[str]:
-        return [tokens[token_id]] if wanted and token_id is not None else []
-
+    """add_special as llama.cpp: WPM always [BOS] text [SEP]; others BOS/EOS by flag. No pair template:
+    GGUFTokenizer builds llama-server's rerank prompt itself."""
     if wordpiece:
-        single = [*piece(rules.bos_id, True), "$A:0", *piece(rules.sep_id, True)]
+        ends = (rules.bos_id, rules.sep_id)
     else:
-        single = [*piece(rules.bos_id, rules.add_bos), "$A:0", *piece(rules.eos_id, rules.add_eos)]
-    eos = rules.eos_id if rules.eos_id is not None else rules.sep_id
-    pair = [*piece(rules.bos_id, rules.add_bos), "$A:0", *piece(eos, rules.add_eos), *piece(rules.sep_id, rules.add_sep),
-            "$B:0", *piece(eos, rules.add_eos)]
-    used = {t for t in (*single, *pair) if not t.startswith("$")}
-    ids = {text: tokens.index(text) for text in used}
-    return processors.TemplateProcessing(single=[_tmpl(t) for t in single], pair=[_tmpl(t) for t in pair],
-                                         special_tokens=[(text, i) for text, i in ids.items()])
-
-
-def _tmpl(item: str) -> str:
-    return item if item.startswith("$") else f"{item}:0"
+        ends = (rules.bos_id if rules.add_bos else None, rules.eos_id if rules.add_eos else None)
+    before, after = ([f"{tokens[i]}:0"] if i is not None else [] for i in ends)
+    return processors.TemplateProcessing(single=[*before, "$A:0", *after],
+                                         special_tokens=[(tokens[i], i) for i in set(ends) - {None}])

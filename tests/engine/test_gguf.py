@@ -11,6 +11,8 @@ import pytest
 from engine import Pooling
 from engine.errors import CheckpointNotFound, UnsupportedCheckpoint
 from engine.checkpoint import Checkpoint
+from engine.gguf import checkpoint as gguf_checkpoint
+from engine.gguf import vocab
 from engine.gguf.reader import GGUFFile
 from engine.gguf.tokenizer import GGUFTokenizer
 from tests.conftest import gguf_fixture, minilm_dir, smollm2_gguf
@@ -39,6 +41,45 @@ def test_token_ids_equal_llama_server(name):
     ours = [tok.encode_prompt([s]) for s in answers["sentences"]]
     assert ours == answers["tokenize"]["ids"]
     assert [tok.pieces(ids) for ids in ours] == answers["tokenize"]["pieces"]
+
+
+ALL_FILES = ["minilm-f16", "minilm-q4_0", "bert-tiny-ce-distilled-f32", "bert-tiny-ce-distilled-q8_0",
+             "tiny-random-qwen3-last-f16", "SmolLM2-135M-Instruct.Q4_1"]
+SPECIAL_ID_KEYS = ("bos_token_id", "eos_token_id", "seperator_token_id", "padding_token_id", "unknown_token_id")
+
+
+def _metadata(name: str) -> dict:
+    path = smollm2_gguf() if name.startswith("SmolLM2") else gguf_fixture(f"{name}.gguf")
+    return dict(GGUFFile(path).metadata)
+
+
+@pytest.mark.parametrize("name", ALL_FILES)
+def test_special_tokens_are_llama_servers(name):
+    """/props' bos_token and eos_token, as llama-server reported them for the same file."""
+    tokens = gguf_checkpoint.special_tokens(_metadata(name), name)
+    props = llama_answers(name)["props"]
+    assert (tokens["bos_token"], tokens["eos_token"]) == (props["bos_token"], props["eos_token"])
+
+
+# llama-vocab.cpp's defaults when a file's metadata has no special token ids (per tokenizer model)
+@pytest.mark.parametrize("name, bos, eos, pad", [
+    ("minilm-f16", 101, None, 0), ("bert-tiny-ce-distilled-q8_0", 101, None, 0),
+    ("tiny-random-qwen3-last-f16", 11, 11, None), ("SmolLM2-135M-Instruct.Q4_1", 11, 11, None),  # a byte-level BPE vocabulary, as qwen3
+])
+def test_special_ids_missing_from_the_metadata_take_llamas_defaults(name, bos, eos, pad):
+    meta = {key: value for key, value in _metadata(name).items()
+            if key.removeprefix("tokenizer.ggml.") not in SPECIAL_ID_KEYS}
+    tokens = meta["tokenizer.ggml.tokens"]
+    rules = vocab.special_rules(meta, name)
+    assert (rules.bos_id, rules.eos_id, rules.pad_id) == (bos, eos, pad)
+    assert gguf_checkpoint.special_tokens(meta, name) == {
+        "bos_token": tokens[bos] if bos is not None else None, "eos_token": tokens[eos] if eos is not None else None,
+        "pad_token": tokens[pad] if pad is not None else None}
+    if meta["tokenizer.ggml.model"] == "bert":
+        # WordPiece's defaults are the ids the converter writes: llama-server's tokens all the same
+        tok, _ = vocab.build(meta, name)
+        answers = llama_answers(name)
+        assert [tok.encode(s).ids for s in answers["sentences"]] == answers["tokenize"]["ids"]
 
 
 def test_rerank_prompt_follows_the_files_flags_and_truncates_longest_first():

@@ -99,3 +99,12 @@ def test_half_precision_checkpoint_runs_in_fp32(tmp_path, random_bert):
     ids = [101, 7592, 2088, 1010, 2023, 2003, 1037, 3231, 102]
     ours = np.array(loaded.model(mx.array([ids]), mx.ones((1, len(ids)), dtype=mx.int32)))[0]
     np.testing.assert_allclose(ours, hf_hidden(ref, ids), rtol=0, atol=1e-4)
+
+
+def test_idefics3_serves_colidefics3_only(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "idefics3", "architectures": ["ColIdefics3"]}))
+    assert registry.kind_of(checkpoint.read(tmp_path)) == registry.EMBEDDER
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "idefics3",
+                                                      "architectures": ["Idefics3ForConditionalGeneration"]}))
+    with pytest.raises(UnsupportedCheckpoint, match=r"'Idefics3ForConditionalGeneration'.*\(supported: ColIdefics3\)"):
+        registry.kind_of(checkpoint.read(tmp_path))

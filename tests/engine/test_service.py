@@ -139,12 +139,20 @@ def test_alone_and_in_a_mixed_batch_agree(minilm):
         np.testing.assert_allclose(vec, minilm.embed([ids]).vectors[0], rtol=0, atol=1e-5)
 
 
-def test_embed_prompts_tokenizes_in_the_engine(minilm):
-    """Text and mixed prompts go in as sent; the engine tokenizes them (timed) and embeds the same ids."""
+def test_embed_prompts_tokenizes_in_the_engine(minilm, minilm_path):
+    """Text and mixed prompts go in as sent; the engine tokenizes them (timed) and embeds the ids the checkpoint's
+    own tokenizer gives, under llama's mixed-prompt rule (only a leading text gets [CLS]/[SEP])."""
+    from tokenizers import Tokenizer
+
+    reference = Tokenizer.from_file(str(minilm_path / "tokenizer.json"))
+    reference.no_padding()  # the file pads to 128: sentence-transformers pads per batch, to its longest text
     prompts = [[TARGET], ["ok", 2003, "x"], [101, 2003, 102]]
+    token_lists = [reference.encode(TARGET).ids,
+                   [*reference.encode("ok").ids, 2003, *reference.encode("x", add_special_tokens=False).ids],
+                   [101, 2003, 102]]
+    assert token_lists[0][0] == 101 and token_lists[0][-1] == 102 and len(token_lists[1]) == 5
     result = minilm.embed_prompts(prompts)
     assert result.timings.tokenize_s > 0
-    token_lists = [minilm.encode_prompt(p) for p in prompts]
     assert result.n_tokens == [len(ids) for ids in token_lists]
     for got, expected in zip(result.vectors, minilm.embed(token_lists).vectors, strict=True):
         np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5)

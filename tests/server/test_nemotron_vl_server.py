@@ -84,3 +84,19 @@ def test_bad_inputs_are_400(server, body, message):
     res = server.post("/v1/embeddings", json=body)
     assert res.status_code == 400 and message in res.json()["error"]["message"], res.text
     assert server.get("/health").status_code == 200
+
+
+def test_mlx_embed_takes_an_image_beside_a_query(built, tmp_path, capsys):
+    import orjson
+
+    from compat.cli import embed_main
+
+    _, ref, tok = built
+    picture = tmp_path / "chart.png"
+    picture.write_bytes(fx.images()["landscape"])
+    assert embed_main(["-m", str(built[0]), "-p", TEXTS[0], "--image", str(picture), "--json"]) == 0
+    body = orjson.loads(capsys.readouterr().out)
+    text_vector, image_vector = body["embeddings"]
+    assert cosine(text_vector, fx.reference_embedding(ref, tok, TEXTS[0])) >= 0.9999
+    assert cosine(image_vector, fx.reference_embedding(ref, tok, "", fx.images()["landscape"])) >= 0.9999
+    assert body["prompt_tokens"] == len(tok(TEXTS[0]).input_ids) + len(tok(fx.reference_prompt(7)).input_ids)

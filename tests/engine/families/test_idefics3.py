@@ -135,3 +135,38 @@ def test_encoder_and_mlx_embed_give_rows_and_the_maxsim_matrix(folder, engine, r
     text = capsys.readouterr().out
     assert text.startswith(f"embedding 0 ({len(expected[0])} tokens, {len(expected[0])} rows of 128 values):\n")
     assert "MaxSim similarity matrix" in text
+
+
+def test_a_1_dense_folder_replaces_the_projection_as_sentence_transformers_loads_it(folder, tmp_path, reference):
+    import shutil
+
+    from safetensors.numpy import save_file
+
+    from tests.engine.helpers import torch
+
+    copy = tmp_path / "with-dense"
+    shutil.copytree(folder, copy)
+    rng = np.random.default_rng(5)
+    model, processor = reference
+    weight = rng.standard_normal(model.linear.weight.shape).astype(np.float32) * 0.1
+    bias = rng.standard_normal(model.linear.bias.shape).astype(np.float32) * 0.1
+    (copy / "1_Dense").mkdir()
+    save_file({"linear.weight": weight, "linear.bias": bias}, str(copy / "1_Dense" / "model.safetensors"))
+    (copy / "1_Dense" / "config.json").write_text('{"in_features": 48, "out_features": 128, "bias": true, '
+                                                  '"activation_function": "torch.nn.modules.linear.Identity"}')
+    t = torch()
+    original = (model.linear.weight.detach().clone(), model.linear.bias.detach().clone())
+    try:
+        with t.no_grad():
+            model.linear.weight.copy_(t.tensor(weight))
+            model.linear.bias.copy_(t.tensor(bias))
+        expected = fx.reference_queries(model, processor, [QUERIES[0]])[0]
+    finally:
+        with t.no_grad():
+            model.linear.weight.copy_(original[0])
+            model.linear.bias.copy_(original[1])
+    eng = start_engine(copy)
+    try:
+        assert_rows_match(eng.embed_prompts([[QUERIES[0]]]).vectors[0], expected)
+    finally:
+        eng.close()

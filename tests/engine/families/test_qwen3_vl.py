@@ -167,3 +167,15 @@ def test_causal_lm_reads_head_rows(checkpoint):
     causal = load_ours(folder, qwen3_vl.CausalLM)
     rows = causal.head_rows([3, 17])
     np.testing.assert_array_equal(np.array(rows), model.lm_head.weight.detach().numpy()[[3, 17]])
+
+
+def test_embed_with_images_takes_one_input_and_its_images_arrays(checkpoint, ours):
+    """The engine's vision-language call (engine/vlm.py): ids [1, L] and each image's pixel_values and grid."""
+    _, model = checkpoint
+    rows, grids_per_row = rows_with_images(model.config)
+    row, grids = rows[1], grids_per_row[1]
+    patches = patches_of(grids)
+    images = [{"pixel_values": mx.array(p), "image_grid_thw": mx.array(np.array(g, np.int32))}
+              for p, g in zip(patches, grids, strict=True)]
+    hidden = np.array(ours.embed_with_images(mx.array([row]), images))[0]
+    assert_rows_match(hidden, reference_hidden(model, row, np.concatenate(patches), grids))

@@ -1,0 +1,96 @@
+"""Qwen3-VL-Embedding's prompts and images (the builder of engine/vlm.py for engine/families/qwen3_vl.py).
+
+Every input, text or image, goes through the checkpoint's own chat template, as the reference embedder does: a
+system message holding the instruction, a user message holding the input's parts in order (text items and
+image items), then the assistant header (add_generation_prompt), whose last token is where the embedding is
+read. The template writes one <|image_pad|> per image between the vision markers; the builder grows it to the
+image's token count (one per merged 2 x 2 block of patches), as Qwen3VLProcessor does before tokenizing.
+
+Images go through the Qwen2-VL processor (engine/images_qwen.py) with the pixel bounds of the checkpoint's
+preprocessor_config.json. The instruction is the request's, else the checkpoint's default prompt, else
+"Represent the user's input."; it is trimmed and gets a full stop when it does not end in punctuation, as the
+reference wrapper does.
+"""
+from __future__ import annotations
+
+import unicodedata
+from collections.abc import Sequence
+
+import numpy as np
+from jinja2 import TemplateError
+
+from engine.chat_inputs import chat_template, compile_template, template_variables
+from engine.checkpoint import Checkpoint
+from engine.errors import InvalidInput, UnsupportedCheckpoint
+from engine.families.qwen3_vl import ModelArgs
+from engine.images_qwen import QwenImageProcessor
+from engine.tokenize import TextTokenizer
+from engine.vlm import InputBuilder, PreparedImage, PreparedInput
+
+DEFAULT_INSTRUCTION = "Represent the user's input."
+IMAGE_PAD = "<|image_pad|>"
+
+
+def system_instruction(instruction: str | None) -> str:
+    """The system message's text: trimmed, ending in punctuation."""
+    text = (instruction or "").strip() or DEFAULT_INSTRUCTION
+    return text if unicodedata.category(text[-1]).startswith("P") else text + "."
+
+
+class Qwen3VLInputs(InputBuilder):
+    takes_instruction = True
+
+    def __init__(self, checkpoint: Checkpoint, tokenizer: TextTokenizer, processor: QwenImageProcessor,
+                 image_token_id: int):
+        source = chat_template(checkpoint)
+        if source is None:
+            raise UnsupportedCheckpoint(f"{checkpoint.path}: Qwen3-VL inputs are rendered with the checkpoint's "
+                                        "chat template (chat_template.jinja or tokenizer_config.json), and it has none")
+        self.template = compile_template(checkpoint, source)
+        self.variables = {**template_variables(checkpoint), "add_generation_prompt": True}
+        self.tokenizer = tokenizer
+        self.processor = processor
+        self.image_token_id = image_token_id
+
+    def render(self, content: list[dict], instruction: str | None) -> str:
+        messages = [{"role": "system", "content": [{"type": "text", "text": system_instruction(instruction)}]},
+                    {"role": "user", "content": content}]
+        try:
+            return self.template.render(messages=messages, **self.variables)
+        except TemplateError as exc:
+            raise InvalidInput(f"the model's chat template refused the input: {exc}") from exc
+
+    def build(self, parts: Sequence, instruction: str | None = None) -> PreparedInput:
+        content, images = [], []
+        for part in parts:
+            if isinstance(part, str):
+                content.append({"type": "text", "text": part})
+                continue
+            image = self.processor.process(part)
+            images.append(PreparedImage({"pixel_values": image.pixel_values,
+                                         "image_grid_thw": np.array(image.grid_thw, dtype=np.int32)}, image.n_tokens))
+            content.append({"type": "image"})
+        ids = self.tokenizer.encode(self.render(content, instruction), add_special=False)
+        slots = [i for i, token in enumerate(ids) if token == self.image_token_id]
+        if len(slots) != len(images):
+            raise InvalidInput(f"the text holds {IMAGE_PAD}, which only an image may stand for")
+        expanded, start = [], 0
+        for slot, image in zip(slots, images):
+            expanded += ids[start:slot] + [self.image_token_id] * image.n_tokens
+            start = slot + 1
+        return PreparedInput(expanded + ids[start:], tuple(images))
+
+
+def input_builder(checkpoint: Checkpoint, tokenizer: TextTokenizer) -> Qwen3VLInputs:
+    args = ModelArgs.from_dict(checkpoint.config)
+    vision = args.vision
+    processor = QwenImageProcessor.from_checkpoint(checkpoint.path, vision.patch_size, vision.temporal_patch_size,
+                                                   vision.spatial_merge_size)
+    if tokenizer.encode(IMAGE_PAD, add_special=False) != [args.image_token_id]:
+        raise UnsupportedCheckpoint(f"{checkpoint.path}: {IMAGE_PAD} is not one token, image_token_id "
+                                    f"{args.image_token_id}, in this tokenizer")
+    builder = Qwen3VLInputs(checkpoint, tokenizer, processor, args.image_token_id)
+    if builder.render([{"type": "image"}], None).count(IMAGE_PAD) != 1:
+        raise UnsupportedCheckpoint(f"{checkpoint.path}: the chat template does not write one {IMAGE_PAD} per "
+                                    "image item")
+    return builder
