@@ -20,8 +20,8 @@ from engine.vlm import InputBuilder
 # config.json spellings that differ from our file names.
 MODEL_TYPE_ALIASES = {"xlm-roberta": "xlm_roberta", "siglip_text_model": "siglip", "mistral": "llama",
                       "llama_bidirec": "llama", "new": "gte",
-                      # ColQwen2.5: colpali-engine saves a qwen2_5_vl config, transformers' export a colqwen2 one
-                      "qwen2_5_vl": "colqwen2_5", "colqwen2": "colqwen2_5"}
+                      # ColQwen2 / ColQwen2.5: colpali-engine saves the VLM's config, transformers' export a colqwen2 one
+                      "qwen2_vl": "colqwen2", "qwen2_5_vl": "colqwen2"}
 
 # transformers' names for architectures whose published checkpoints spell them otherwise.
 ARCHITECTURE_ALIASES = {"GteModel": "NewModel", "GteForMaskedLM": "NewForMaskedLM",
@@ -49,7 +49,7 @@ EMBEDDERS = {
     "qwen3_vl": {"", "Qwen3VLModel", "Qwen3VLForConditionalGeneration", "Qwen3VLForEmbedding"},
     # SigLIP tower + pixel shuffle + MLP connector + bidirectional Llama, mean-pooled (text and image inputs)
     "llama_nemotron_vl": {"LlamaNemotronVLModel"},
-    "colqwen2_5": {"ColQwen2_5", "ColQwen2ForRetrieval"},  # the same on Qwen2.5-VL
+    "colqwen2": {"ColQwen2", "ColQwen2_5", "ColQwen2ForRetrieval"},  # the same on Qwen2-VL and Qwen2.5-VL
 }
 CROSS_ENCODERS = {
     "bert": "BertForSequenceClassification",
@@ -67,7 +67,7 @@ GENERATIVE_RERANKERS = {
 FAMILY_DEFAULT_POOLING = {"bert": Pooling.MEAN, "xlm_roberta": Pooling.MEAN, "modernbert": Pooling.MEAN,
                           "nomic_bert": Pooling.MEAN, "gte": Pooling.MEAN}
 FAMILY_DEFAULT_POOLING["siglip"] = Pooling.LAST  # reported only: the towers pool at their own last position
-FAMILY_DEFAULT_POOLING["idefics3"] = FAMILY_DEFAULT_POOLING["colqwen2_5"] = Pooling.NONE  # multi-vector: per token
+FAMILY_DEFAULT_POOLING["idefics3"] = FAMILY_DEFAULT_POOLING["colqwen2"] = Pooling.NONE  # multi-vector: per token
 FAMILY_DEFAULT_POOLING["qwen3_vl"] = Pooling.LAST  # every input ends in the assistant header it is read at
 FAMILY_DEFAULT_POOLING["llama_nemotron_vl"] = Pooling.MEAN  # its llm_config pools "avg"
 # Decoder backbones without 1_Pooling: a bidirectional embedding export (LLM2Vec, EmbeddingGemma) mean-pools,
