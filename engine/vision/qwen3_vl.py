@@ -13,6 +13,7 @@ reference wrapper does.
 """
 from __future__ import annotations
 
+import json
 import unicodedata
 from collections.abc import Sequence
 
@@ -37,15 +38,30 @@ def system_instruction(instruction: str | None) -> str:
     return text if unicodedata.category(text[-1]).startswith("P") else text + "."
 
 
+def processor_chat_template(checkpoint: Checkpoint) -> str | None:
+    """The template the reference's processor applies: chat_template.jinja, else the older processor file
+    chat_template.json, else the tokenizer's."""
+    path = checkpoint.path / "chat_template.json"
+    if not (checkpoint.path / "chat_template.jinja").is_file() and path.is_file():
+        try:
+            template = json.loads(path.read_text(encoding="utf-8")).get("chat_template")
+        except (ValueError, AttributeError) as exc:
+            raise UnsupportedCheckpoint(f"{path}: not a JSON object with a chat_template string ({exc})") from None
+        if isinstance(template, str) and template:
+            return template
+    return chat_template(checkpoint)
+
+
 class Qwen3VLInputs(InputBuilder):
     takes_instruction = True
 
     def __init__(self, checkpoint: Checkpoint, tokenizer: TextTokenizer, processor: QwenImageProcessor,
                  image_token_id: int):
-        source = chat_template(checkpoint)
+        source = processor_chat_template(checkpoint)
         if source is None:
             raise UnsupportedCheckpoint(f"{checkpoint.path}: Qwen3-VL inputs are rendered with the checkpoint's "
-                                        "chat template (chat_template.jinja or tokenizer_config.json), and it has none")
+                                        "chat template (chat_template.jinja, chat_template.json or "
+                                        "tokenizer_config.json), and it has none")
         self.template = compile_template(checkpoint, source)
         self.variables = {**template_variables(checkpoint), "add_generation_prompt": True}
         self.tokenizer = tokenizer
