@@ -120,7 +120,7 @@ def item(parts):
 
 
 DOCUMENTS = [["A chart of quarterly revenue"], [IMAGES[0]], [IMAGES[1], "revenue by quarter"],
-             ["Gravity is a force.", IMAGES[2], " (a photo)"], ["yes no maybe"]]
+             ["Gravity is a force.", IMAGES[2], " (a photo)"], ["yes no maybe"], [IMAGES[0], " vs ", IMAGES[1]]]
 
 
 @pytest.mark.parametrize("query", [["a chart of quarterly revenue"], [IMAGES[1]], ["show: ", IMAGES[0], " please"]],
