@@ -118,6 +118,12 @@ class GenerativeRerankPipeline(Pipeline):
         for row, n in enumerate(lengths):
             left_ids[row, width - n:] = ids[row, :n]
             left_mask[row, width - n:] = 1
-        hidden = self.model(mx.array(left_ids), mx.array(left_mask))[:, -1, :]
+        return self._scored(self.model(mx.array(left_ids), mx.array(left_mask))[:, -1, :])
+
+    def launch_with_images(self, ids: np.ndarray, images: tuple[PreparedImage, ...]) -> Collect:
+        """One prompt holding images, ids [1, L] with its image tokens (engine/vlm_rerank.py) -> its score."""
+        return self._scored(self.model.embed_with_images(mx.array(ids), to_device(images))[:, -1, :])
+
+    def _scored(self, hidden: mx.array) -> Collect:
         scores = _started(mx.sigmoid(hidden.astype(mx.float32) @ self.direction.astype(mx.float32)))
         return lambda: list(np.array(scores))

@@ -148,6 +148,7 @@ _ACTIVATIONS = {
     "gelu": gelu_erf,  # erf GELU, as transformers' "gelu" (not the tanh approximation)
     "gelu_new": gelu_tanh,
     "gelu_pytorch_tanh": gelu_tanh,
+    "quick_gelu": lambda x: x * mx.sigmoid(1.702 * x),  # CLIP's and Qwen2-VL's vision towers
     "relu": nn.relu,
     "silu": nn.silu,
     "swish": nn.silu,

@@ -112,3 +112,21 @@ def test_offline_encoder_builds_prompts_as_the_server_does(checkpoint, reference
     for i, text in ((0, "revenue?"), (3, "chart")):
         expected, n_ids = reference([text])
         assert cosine(rows.vectors[i], expected) >= MIN_COSINE and rows.n_tokens[i] == n_ids
+
+
+def test_a_processor_chat_template_json_is_read(checkpoint, reference, tmp_path):
+    """Qwen-VL exports of the processor era ship the template as chat_template.json."""
+    import json
+    import shutil
+
+    from tests.engine.families.qwen3_vl_fixture import CHAT_TEMPLATE
+
+    folder = shutil.copytree(checkpoint[0], tmp_path / "model")
+    (folder / "chat_template.jinja").unlink()
+    (folder / "chat_template.json").write_text(json.dumps({"chat_template": CHAT_TEMPLATE}), encoding="utf-8")
+    eng = start_engine(folder)
+    try:
+        got = eng.embed_prompts([as_input((IMAGES[0], "a caption"))]).vectors[0]
+    finally:
+        eng.close()
+    assert cosine(got, reference([IMAGES[0], "a caption"])[0]) >= MIN_COSINE
