@@ -60,7 +60,7 @@ def _schemas(settings: Settings) -> dict[str, Schema]:
                     "properties": {"type": {"enum": ["text", "image_url"]}, "text": _STRING, "image_url": {}}}
     item = {"description": "a text; for rerankers that take images also {text, image | image_url} (a URL or "
                            "{url}), an OpenAI content part or a list of them, or llama's {prompt_string, "
-                           "multimodal_data}: one image at most",
+                           "multimodal_data}",
             "anyOf": [_STRING, {"type": "object", "properties": {"text": _STRING, "image": {}, "image_url": {}}},
                       content_part, {"type": "array", "minItems": 1, "items": content_part}, prompt_object]}
     documents = {"type": "array", "minItems": 1, "items": item,
@@ -99,8 +99,12 @@ def _schemas(settings: Settings) -> dict[str, Schema]:
                 "model": _STRING, "object": {"const": "list"}, "usage": usage,
                 "data": {"type": "array", "items": {
                     "type": "object", "required": ["embedding", "index", "object"],
-                    "properties": {"embedding": {"anyOf": [{"type": "array", "items": _NUMBER_OR_NULL},
-                                                           {"type": "string", "contentEncoding": "base64"}]},
+                    "properties": {"embedding": {
+                        "anyOf": [{"type": "array", "items": _NUMBER_OR_NULL},
+                                  {"type": "array", "items": {"type": "array", "items": _NUMBER_OR_NULL}},
+                                  {"type": "string", "contentEncoding": "base64"}],
+                        "description": "one vector; a multi-vector model's [n_tokens, d] rows (base64: row-major "
+                                       "float32)"},
                                    "index": _INT, "object": {"const": "embedding"},
                                    "encoding_format": {"const": "base64"}}}}}},
         "LlamaEmbeddings": {
@@ -108,7 +112,8 @@ def _schemas(settings: Settings) -> dict[str, Schema]:
                 "type": "object", "required": ["index", "embedding"],
                 "properties": {"index": _INT, "embedding": {
                     "type": "array", "items": {"type": "array", "items": _NUMBER_OR_NULL},
-                    "description": "one pooled vector, or one row per token with --pooling none"}}}},
+                    "description": "one pooled vector, or one row per token with --pooling none and for "
+                                   "multi-vector models"}}}},
         "RerankRequest": {
             "type": "object", "required": ["query"],
             "description": "llama-server / Jina / Cohere / TEI rerank request; `documents` or `texts` (TEI: the "

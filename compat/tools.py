@@ -79,7 +79,8 @@ def embed_texts(command: EmbedCommand, out: TextIO) -> int:
             parts.append(encoder.embed(command.prompt, **command.encode_kwargs()))
         if images:
             parts.append(encoder.embed_images(images, normalize=command.embd_normalize, dimensions=command.dimensions,
-                                              batch_size=command.batch_size or None))
+                                              batch_size=command.batch_size or None, prompt_name=command.prompt_name,
+                                              instruction=command.instruction))
     vectors = np.concatenate([part.vectors for part in parts])
     n_tokens = [n for part in parts for n in part.n_tokens]
     similarity = cosine_matrix(vectors)

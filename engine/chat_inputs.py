@@ -8,7 +8,7 @@ import json
 from datetime import datetime
 from typing import Any
 
-from jinja2 import TemplateError
+from jinja2 import Template, TemplateError
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -44,6 +44,24 @@ def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, s
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
+def compile_template(checkpoint: Checkpoint, source: str) -> Template:
+    """A chat template in transformers' rendering environment: trim_blocks, lstrip_blocks, loop controls,
+    its tojson, raise_exception and strftime_now."""
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env.filters["tojson"] = _tojson
+    env.globals.update(raise_exception=_raise_exception, strftime_now=lambda fmt: datetime.now().strftime(fmt))
+    try:
+        return env.from_string(source)
+    except TemplateError as exc:
+        raise UnsupportedCheckpoint(f"{checkpoint.path}: invalid chat template: {exc}") from exc
+
+
+def template_variables(checkpoint: Checkpoint) -> dict[str, Any]:
+    """The special tokens a template may name (bos_token, eos_token, ...), as transformers passes them."""
+    specials = {**checkpoint.tokenizer_config, **checkpoint.special_tokens}
+    return {key: text for key in _SPECIAL_TOKEN_KEYS if (text := special_token_text(specials.get(key))) is not None}
+
+
 class ChatInputs:
     """Renders one text (and its prompt) as the checkpoint's chat template would."""
 
@@ -52,15 +70,7 @@ class ChatInputs:
         if source is None:
             raise UnsupportedCheckpoint(f"{checkpoint.path}: sentence_bert_config.json sends texts as chat messages "
                                         "(modality 'message') but the tokenizer has no chat template")
-        # transformers' rendering environment: trim_blocks, lstrip_blocks, loop controls, its tojson.
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
-        env.filters["tojson"] = _tojson
-        env.globals.update(raise_exception=_raise_exception,
-                           strftime_now=lambda fmt: datetime.now().strftime(fmt))
-        try:
-            self._template = env.from_string(source)
-        except TemplateError as exc:
-            raise UnsupportedCheckpoint(f"{checkpoint.path}: invalid chat template: {exc}") from exc
+        self._template = compile_template(checkpoint, source)
         fmt = (checkpoint.message_modality or {}).get("format", "auto")
         if fmt == "auto":
             fmt = "structured" if any(hint in source for hint in _STRUCTURED_HINTS) else "flat"
@@ -68,9 +78,7 @@ class ChatInputs:
             raise UnsupportedCheckpoint(f"{checkpoint.path}: message format {fmt!r} is not supported "
                                         "(flat, structured)")
         self.structured = fmt == "structured"
-        specials = {**checkpoint.tokenizer_config, **checkpoint.special_tokens}
-        self._variables: dict[str, Any] = {key: text for key in _SPECIAL_TOKEN_KEYS
-                                           if (text := special_token_text(specials.get(key))) is not None}
+        self._variables = template_variables(checkpoint)
         self._variables["add_generation_prompt"] = False
         self._variables.update({k: v for k, v in checkpoint.chat_template_kwargs.items()
                                 if k not in _NOT_RENDER_KWARGS})

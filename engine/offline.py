@@ -148,13 +148,15 @@ class Encoder(_Loaded):
         return Embedded(self._finish(raw, p, dimensions), n_tokens)
 
     def embed_images(self, images: Sequence[bytes | str | Path], *, normalize: bool | int = True,
-                     dimensions: int | None = None, batch_size: int | None = None) -> Embedded:
-        """Vectors for images (encoded bytes, or image file paths) with what each counts as (its patches), for
-        models that take images; a bad one raises InvalidImage naming it, as the server answers 400."""
+                     dimensions: int | None = None, batch_size: int | None = None, prompt_name: str | None = None,
+                     instruction: str | None = None) -> Embedded:
+        """Vectors for images (encoded bytes, or image file paths) with what each counts as (its tokens), for
+        models that take images; a bad one raises InvalidImage naming it, as the server answers 400.
+        prompt_name / instruction reach the families that build their own prompts (engine/vlm.py) only."""
         p = normalization(normalize)
         check_dimensions(dimensions, self.info.n_embd)
         self._one_vector_per_input()
-        raw, n_tokens = self._embed_prompts(_image_inputs(images), batch_size)
+        raw, n_tokens = self._embed_prompts(_image_inputs(images), batch_size, prompt_name, instruction)
         return Embedded(self._finish(raw, p, dimensions), n_tokens)
 
     def embed_token_vectors(self, texts: Sequence[str] = (), images: Sequence[bytes | str | Path] = (), *,
@@ -216,6 +218,14 @@ class Encoder(_Loaded):
             elif not text.strip():
                 errors[i] = "empty text"
         present = [i for i, error in enumerate(errors) if error is None]
+        vectors = np.zeros((len(texts), size), np.float32)
+        n_tokens = [0] * len(texts)
+        if self.info.vision_language:  # the family builds each row's prompt itself (engine/vlm.py)
+            self._one_vector_per_input()
+            found = self._embed_built_rows(texts, present, errors, batch_size, prompt_name, instruction)
+            for i, (vector, n) in found.items():
+                vectors[i], n_tokens[i] = self._finish([vector], p, dimensions)[0], n
+            return EncodedRows(vectors, errors, n_tokens)
         encoded = self.engine.tokenizer.encode_prompts(self._prompts([texts[i] for i in present], prompt_name,
                                                                      instruction))
         good: list[int] = []
@@ -229,14 +239,38 @@ class Encoder(_Loaded):
                 errors[i] = str(exc)
             else:
                 good.append(i)
-        vectors = np.zeros((len(texts), size), np.float32)
-        n_tokens = [0] * len(texts)
         if good:
             raw, counts = self._embed(token_lists, batch_size)
             vectors[good] = self._finish(raw, p, dimensions)
             for i, n in zip(good, counts):
                 n_tokens[i] = n
         return EncodedRows(vectors, errors, n_tokens)
+
+    def _embed_built_rows(self, texts: Sequence[str | None], rows: list[int], errors: list[str | None],
+                          batch_size: int | None, prompt_name: str | None,
+                          instruction: str | None) -> dict[int, tuple[np.ndarray, int]]:
+        """Raw vectors and token counts of these rows through the family's input builder, by row; a chunk that
+        fails is retried row by row so that only the bad rows carry an error."""
+        def run(group: list[int]) -> dict[int, tuple[np.ndarray, int]]:
+            result = self.engine.embed_prompts([[texts[i]] for i in group], prompt_name=prompt_name,
+                                               instruction=instruction)
+            return dict(zip(group, zip(result.vectors, result.n_tokens)))
+
+        found: dict[int, tuple[np.ndarray, int]] = {}
+        for part in self._chunks(len(rows), batch_size):
+            try:
+                found.update(run(rows[part]))
+                continue
+            except InvalidInput:
+                pass
+            for i in rows[part]:
+                try:
+                    found.update(run([i]))
+                except InputTooLong as exc:
+                    errors[i] = f"{exc} (--truncate cuts it instead)"
+                except InvalidInput as exc:
+                    errors[i] = str(exc)
+        return found
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Ray Data: `batch["text"]` -> the batch with an `embedding` column ([n, d] float32, L2-normalized).
@@ -283,6 +317,32 @@ class Reranker(_Loaded):
         """[{"index", "score"}] by score descending, ties by ascending index, the first top_n (None: all)."""
         scores, _ = self.score(query, documents, instruction=instruction)
         return ranking(scores, top_n)
+
+    def _embed_built_rows(self, texts: Sequence[str | None], rows: list[int], errors: list[str | None],
+                          batch_size: int | None, prompt_name: str | None,
+                          instruction: str | None) -> dict[int, tuple[np.ndarray, int]]:
+        """Raw vectors and token counts of these rows through the family's input builder, by row; a chunk that
+        fails is retried row by row so that only the bad rows carry an error."""
+        def run(group: list[int]) -> dict[int, tuple[np.ndarray, int]]:
+            result = self.engine.embed_prompts([[texts[i]] for i in group], prompt_name=prompt_name,
+                                               instruction=instruction)
+            return dict(zip(group, zip(result.vectors, result.n_tokens)))
+
+        found: dict[int, tuple[np.ndarray, int]] = {}
+        for part in self._chunks(len(rows), batch_size):
+            try:
+                found.update(run(rows[part]))
+                continue
+            except InvalidInput:
+                pass
+            for i in rows[part]:
+                try:
+                    found.update(run([i]))
+                except InputTooLong as exc:
+                    errors[i] = f"{exc} (--truncate cuts it instead)"
+                except InvalidInput as exc:
+                    errors[i] = str(exc)
+        return found
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Ray Data: `batch["query"]`, `batch["document"]` -> the batch with a `score` column."""

@@ -20,8 +20,8 @@ from engine.vlm import InputBuilder
 # config.json spellings that differ from our file names.
 MODEL_TYPE_ALIASES = {"xlm-roberta": "xlm_roberta", "siglip_text_model": "siglip", "mistral": "llama",
                       "llama_bidirec": "llama", "new": "gte",
-                      # ColQwen2.5: colpali-engine saves a qwen2_5_vl config, transformers' export a colqwen2 one
-                      "qwen2_5_vl": "colqwen2_5", "colqwen2": "colqwen2_5"}
+                      # ColQwen2 / ColQwen2.5: colpali-engine saves the VLM's config, transformers' export a colqwen2 one
+                      "qwen2_vl": "colqwen2", "qwen2_5_vl": "colqwen2"}
 
 # transformers' names for architectures whose published checkpoints spell them otherwise.
 ARCHITECTURE_ALIASES = {"GteModel": "NewModel", "GteForMaskedLM": "NewForMaskedLM",
@@ -45,9 +45,11 @@ EMBEDDERS = {
     "siglip": {"", "SiglipModel", "SiglipTextModel"},
     # late interaction (multi-vector) on the Idefics3 / SmolVLM stack, as colpali-engine saves it
     "idefics3": {"ColIdefics3"},
+    # Qwen3-VL-Embedding: the VL export with a last-token pooling layout; inputs built by engine/vision/qwen3_vl.py
+    "qwen3_vl": {"", "Qwen3VLModel", "Qwen3VLForConditionalGeneration", "Qwen3VLForEmbedding"},
     # SigLIP tower + pixel shuffle + MLP connector + bidirectional Llama, mean-pooled (text and image inputs)
     "llama_nemotron_vl": {"LlamaNemotronVLModel"},
-    "colqwen2_5": {"ColQwen2_5", "ColQwen2ForRetrieval"},  # the same on Qwen2.5-VL
+    "colqwen2": {"ColQwen2", "ColQwen2_5", "ColQwen2ForRetrieval"},  # the same on Qwen2-VL and Qwen2.5-VL
 }
 CROSS_ENCODERS = {
     "bert": "BertForSequenceClassification",
@@ -59,13 +61,15 @@ CROSS_ENCODERS = {
 # --embedding the same checkpoint is an embedder.
 GENERATIVE_RERANKERS = {
     "qwen3": "Qwen3ForCausalLM",
+    "qwen3_vl": "Qwen3VLForConditionalGeneration",  # Qwen3-VL-Reranker: images in the query and documents
 }
 
 # Without 1_Pooling/config.json: what sentence-transformers itself would do with a bare encoder.
 FAMILY_DEFAULT_POOLING = {"bert": Pooling.MEAN, "xlm_roberta": Pooling.MEAN, "modernbert": Pooling.MEAN,
                           "nomic_bert": Pooling.MEAN, "gte": Pooling.MEAN}
 FAMILY_DEFAULT_POOLING["siglip"] = Pooling.LAST  # reported only: the towers pool at their own last position
-FAMILY_DEFAULT_POOLING["idefics3"] = FAMILY_DEFAULT_POOLING["colqwen2_5"] = Pooling.NONE  # multi-vector: per token
+FAMILY_DEFAULT_POOLING["idefics3"] = FAMILY_DEFAULT_POOLING["colqwen2"] = Pooling.NONE  # multi-vector: per token
+FAMILY_DEFAULT_POOLING["qwen3_vl"] = Pooling.LAST  # every input ends in the assistant header it is read at
 FAMILY_DEFAULT_POOLING["llama_nemotron_vl"] = Pooling.MEAN  # its llm_config pools "avg"
 # Decoder backbones without 1_Pooling: a bidirectional embedding export (LLM2Vec, EmbeddingGemma) mean-pools,
 # a bare Qwen3Model export is Qwen3-Embedding (last token); any other decoder gets what llama-server gives a
@@ -91,7 +95,8 @@ class LoadedModel:
     image_size: int | None = None  # the square image side a vision tower takes; None: text only
     image_tokens: int = 0  # what one image counts as (its patches)
     projection: heads.Projection | None = None  # Dense modules applied after pooling
-    # vision-language families (engine/vlm.py): builds an input's prompt and images, (checkpoint, tokenizer) -> it
+    # vision-language families (engine/vlm.py): builds an input's prompt and images, (checkpoint, tokenizer) -> it;
+    # for a generative reranker, its (query, document) prompts holding images (engine/vlm_rerank.py)
     input_builder: Callable[..., InputBuilder] | None = None
     multi_vector: bool = False  # one normalized vector per token (late interaction)
 
@@ -198,7 +203,8 @@ def load(checkpoint: Checkpoint, kind: str | None = None, dtype: str = "auto") -
         n_positions=trunk.n_positions, hidden_size=projection.out_dims if projection else trunk.hidden_size,
         fixed_width=getattr(trunk, "fixed_width", None), image_size=getattr(trunk, "image_size", None),
         image_tokens=getattr(trunk, "image_tokens", 0), projection=projection,
-        input_builder=_input_builder(name) if kind == EMBEDDER else None,
+        input_builder=_input_builder(name) if kind == EMBEDDER else
+        _input_builder(f"{name}_reranker") if kind == GENERATIVE_RERANKER else None,
         multi_vector=bool(getattr(model, "multi_vector", False)),
     )
 

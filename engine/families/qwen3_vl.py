@@ -274,34 +274,34 @@ def rope_index(input_ids: np.ndarray, attention_mask: np.ndarray, grids: Sequenc
 
     Real tokens are numbered from 0 in each row; each run of image tokens takes the next grid (in row-major
     order over the batch) and lays it out from the running position; text resumes at that position plus the
-    grid's larger merged side. Padding gets 0.
+    grid's larger merged side. Without grids every token is text (as the reference without pixel values).
+    Padding gets 0.
     """
     batch, length = input_ids.shape
     positions = np.zeros((3, batch, length), dtype=np.int32)
     images = iter(grids)
     for b in range(batch):
         real = np.flatnonzero(attention_mask[b] != 0)
-        is_image = input_ids[b, real] == image_token_id
-        row, i, current = [], 0, 0
-        while i < len(real):
-            j = i
-            while j < len(real) and is_image[j] == is_image[i]:
-                j += 1
-            if not is_image[i]:
-                row.append(np.broadcast_to(np.arange(current, current + j - i), (3, j - i)))
-                current += j - i
-            else:
-                try:
-                    t, h, w = next(images)
-                except StopIteration:
-                    raise ValueError("more runs of image tokens than images") from None
-                gh, gw = h // merge, w // merge
-                if j - i != t * gh * gw:
-                    raise ValueError(f"a run of {j - i} image tokens for an image of {t * gh * gw} tokens")
-                tt, hh, ww = np.meshgrid(np.arange(t), np.arange(gh), np.arange(gw), indexing="ij")
-                row.append(np.stack([tt.ravel(), hh.ravel(), ww.ravel()]) + current)
-                current += max(gh, gw)
-            i = j
+        is_image = (input_ids[b, real] == image_token_id) if grids else np.zeros(len(real), dtype=bool)
+        edges = np.flatnonzero(np.diff(is_image.astype(np.int8))) + 1
+        row, current = [], 0
+        for start, end in zip([0, *edges], [*edges, len(real)]):  # runs of text and of image tokens
+            if end == start:
+                continue
+            if not is_image[start]:
+                row.append(np.broadcast_to(np.arange(current, current + end - start), (3, end - start)))
+                current += end - start
+                continue
+            try:
+                t, h, w = next(images)
+            except StopIteration:
+                raise ValueError("more runs of image tokens than images") from None
+            gh, gw = h // merge, w // merge
+            if end - start != t * gh * gw:
+                raise ValueError(f"a run of {end - start} image tokens for an image of {t * gh * gw} tokens")
+            tt, hh, ww = np.meshgrid(np.arange(t), np.arange(gh), np.arange(gw), indexing="ij")
+            row.append(np.stack([tt.ravel(), hh.ravel(), ww.ravel()]) + current)
+            current += max(gh, gw)
         if row:
             positions[:, b, real] = np.concatenate(row, axis=1)
     if next(images, None) is not None:
@@ -379,12 +379,14 @@ class Model(Trunk):
         return self.forward(input_ids, attention_mask)
 
     def forward(self, input_ids: mx.array, attention_mask: mx.array, patches: mx.array | None = None,
-                grids: Sequence[Grid] = ()) -> mx.array:
+                grids: Sequence[Grid] = (), positions: mx.array | None = None) -> mx.array:
         """ids and mask [B, L] (right or left padded); patches [N, C*T*P*P] of the images whose runs of
-        image tokens appear in the rows, in row-major order, with their (t, h, w) grids."""
+        image tokens appear in the rows, in row-major order, with their (t, h, w) grids. positions [3, B, L]:
+        rotary positions to use instead of rope_index's (mask-aware) ones."""
         ids_np, mask_np = np.array(input_ids), np.array(attention_mask)
-        positions = mx.array(rope_index(ids_np, mask_np, grids, self.args.image_token_id,
-                                        self.args.vision.spatial_merge_size))
+        if positions is None:
+            positions = mx.array(rope_index(ids_np, mask_np, grids, self.args.image_token_id,
+                                            self.args.vision.spatial_merge_size))
         embeds = self.model.language_model.embed(input_ids)
         deepstack: list[mx.array] = []
         if grids:
@@ -400,6 +402,13 @@ class Model(Trunk):
                               embeds)
             deepstack = [mx.concatenate([f.astype(embeds.dtype), zero])[source] for f in stacked]
         return self.model.language_model(embeds, attention_mask, positions, deepstack)
+
+    def embed_with_images(self, input_ids: mx.array, images: list[dict[str, mx.array]]) -> mx.array:
+        """One input, ids [1, L] with each image's <|image_pad|> run expanded, and its images' arrays in prompt
+        order (pixel_values [N, C*T*P*P], image_grid_thw [3]) -> final normed hidden states [1, L, D]."""
+        grids = [tuple(int(v) for v in np.array(image["image_grid_thw"]).reshape(3)) for image in images]
+        patches = mx.concatenate([image["pixel_values"] for image in images])
+        return self.forward(input_ids, mx.ones(input_ids.shape, dtype=mx.int32), patches, grids)
 
     def sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
         return checkpoint_weights(weights, self.args.vision, keep_head=False)

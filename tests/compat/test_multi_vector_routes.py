@@ -133,3 +133,17 @@ def test_maxsim_on_a_single_vector_model_is_400():
         eng.close()
     assert res.status_code == 400
     assert res.json["error"]["message"].startswith("MaxSim needs a multi-vector (late-interaction) model")
+
+
+def test_answers_validate_against_the_openapi_document(client):
+    from tests.compat.test_openapi import _validate
+
+    document = client.simulate_get("/openapi.json").json
+    for path, body in [("/v1/embeddings", {"input": [QUERY, image_part(IMAGES[0])]}),
+                       ("/v1/embeddings", {"input": [QUERY], "encoding_format": "base64"}),
+                       ("/embeddings", {"content": [QUERY]}),
+                       ("/maxsim", {"query": QUERY, "documents": [image_part(IMAGES[0]), "a page"]}),
+                       ("/v1/maxsim", {"query": QUERY, "texts": ["a page"]})]:
+        res = client.simulate_post(path, json=body)
+        assert res.status_code == 200, res.text
+        _validate(document, path, "post", 200, res.json)

@@ -3,6 +3,7 @@ engines are fakes: routing by id and alias, defaults per route, errors, /models,
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -63,7 +64,6 @@ class Engines:
         self.gated: set[str] = set()
         self.broken: set[str] = set()
         self.slow: set[str] = set()
-        self._made_one = threading.Condition()
 
     def __call__(self, options: EngineOptions) -> FakeEngine:
         name = Path(options.model_path).name
@@ -71,19 +71,19 @@ class Engines:
         cls = (BrokenEngine if name in self.broken else GatedEngine if name in self.gated
                else SlowLoadingEngine if name in self.slow else FakeEngine)
         engine = cls(kind=kind)
-        with self._made_one:
-            self.made.append((options, engine))
-            self._made_one.notify_all()
+        self.made.append((options, engine))
         return engine
-
-    def first_of(self, name: str, timeout: float = 10) -> FakeEngine:
-        """The first engine made for `name`, waiting for a request thread to make it."""
-        with self._made_one:
-            assert self._made_one.wait_for(lambda: self.of(name), timeout), f"no engine was made for {name}"
-            return self.of(name)[0]
 
     def of(self, name: str) -> list[FakeEngine]:
         return [engine for options, engine in self.made if Path(options.model_path).name == name]
+
+    def first_made(self, name: str, timeout_s: float = 10) -> FakeEngine:
+        """The first engine made for a folder, waiting for a request on another thread to make it."""
+        deadline = time.monotonic() + timeout_s
+        while not self.of(name):
+            assert time.monotonic() < deadline, f"no engine was made for {name}"
+            time.sleep(0.005)
+        return self.of(name)[0]
 
 
 PRESET = """
@@ -223,7 +223,7 @@ def test_a_reload_lets_the_request_in_flight_finish_on_the_engine_it_started_wit
     server.engines.gated.add("minilm")
     with ThreadPoolExecutor(1) as pool:
         in_flight = pool.submit(server.embed, "minilm")
-        old = server.engines.first_of("minilm")  # made by the request thread, which may not have got there yet
+        old = server.engines.first_made("minilm")
         assert old.entered.wait(10)
         # minilm changes (a new engine), tiny goes away, ce stays, bge arrives
         server.preset.write_text(PRESET.replace("[tiny]\nmodel = /models/tiny\n", "[bge]\nmodel = /models/bge\n")

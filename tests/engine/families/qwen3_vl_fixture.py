@@ -6,6 +6,7 @@ images larger than 128 px on a side exercise the upsampling of the position grid
 """
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,8 @@ from tests.engine.helpers import perturb_vectors, torch
 VISION_SPECIALS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
 PATCH, MERGE, TEMPORAL = 16, 2, 2
 PATCH_DIM = 3 * TEMPORAL * PATCH * PATCH
+IMAGE_PAD = "<|image_pad|>"
+DEFAULT_INSTRUCTION = "Represent the user's input."
 
 
 def tokenizer():
@@ -70,3 +73,93 @@ def reference_hidden(model, ids: list[int], patches: np.ndarray | None = None,
     with t.inference_mode():
         out = model.model(**inputs)
     return out.last_hidden_state[0].double().numpy()
+
+
+# A chat template with Qwen3-VL's layout (system and user messages, content given as a string or as typed items;
+# one <|image_pad|> between vision markers per image item; the assistant header on add_generation_prompt).
+CHAT_TEMPLATE = """{%- macro render(content) -%}
+{%- if content is string -%}{{ content }}{%- else -%}
+{%- for item in content -%}
+{%- if item.type == 'image' or 'image' in item or 'image_url' in item -%}<|vision_start|><|image_pad|><|vision_end|>
+{%- elif item.type == 'video' or 'video' in item -%}<|vision_start|><|video_pad|><|vision_end|>
+{%- elif 'text' in item -%}{{ item.text }}{%- endif -%}
+{%- endfor -%}{%- endif -%}
+{%- endmacro -%}
+{%- for message in messages -%}
+<|im_start|>{{ message.role }}
+{{ render(message.content) }}<|im_end|>
+{% endfor -%}
+{%- if add_generation_prompt -%}<|im_start|>assistant
+{% endif -%}"""
+# Qwen3-VL's processor settings, with pixel bounds small enough for a test: 4 to 40 image tokens.
+PREPROCESSOR = {"image_processor_type": "Qwen2VLImageProcessorFast", "patch_size": PATCH, "merge_size": MERGE,
+                "temporal_patch_size": TEMPORAL, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
+                "size": {"shortest_edge": 4 * 32 * 32, "longest_edge": 40 * 32 * 32}}
+QUERY_PROMPT = "Retrieve images or text relevant to the user's query"
+SENTENCE_TRANSFORMERS = {
+    "modules.json": [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+                     {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+                     {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}],
+    "1_Pooling/config.json": {"word_embedding_dimension": 64, "pooling_mode_lasttoken": True,
+                              "pooling_mode_mean_tokens": False, "pooling_mode_cls_token": False},
+    "config_sentence_transformers.json": {"prompts": {"query": QUERY_PROMPT}, "default_prompt_name": None},
+}
+
+
+def make_embedding_checkpoint(folder: Path, seed: int = 0):
+    """make_checkpoint laid out as Qwen3-VL-Embedding: its chat template, image processor and pooling files."""
+    import json
+
+    folder, model = make_checkpoint(folder, seed)
+    (folder / "chat_template.jinja").write_text(CHAT_TEMPLATE, encoding="utf-8")
+    (folder / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR), encoding="utf-8")
+    for rel, content in SENTENCE_TRANSFORMERS.items():
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        (folder / rel).write_text(json.dumps(content), encoding="utf-8")
+    return folder, model
+
+
+def png_image(width: int, height: int, seed: int) -> bytes:
+    """A random RGB image, PNG-encoded."""
+    from PIL import Image
+
+    pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels, "RGB").save(out, format="PNG")
+    return out.getvalue()
+
+
+def embedding_reference(folder: Path, model):
+    """parts (text and encoded images, in order), instruction -> the reference's normalized vector and the
+    length of its token sequence."""
+    from PIL import Image
+    from transformers import AutoTokenizer, Qwen2VLImageProcessorPil
+
+    tok = AutoTokenizer.from_pretrained(str(folder))
+    processor = Qwen2VLImageProcessorPil.from_pretrained(str(folder))
+
+    def vector(parts, instruction: str = DEFAULT_INSTRUCTION) -> tuple[np.ndarray, int]:
+        content, images = [], []
+        for part in parts:
+            if isinstance(part, bytes):
+                images.append(Image.open(io.BytesIO(part)))
+                content.append({"type": "image"})
+            else:
+                content.append({"type": "text", "text": part})
+        messages = [{"role": "system", "content": [{"type": "text", "text": instruction}]},
+                    {"role": "user", "content": content}]
+        text = tok.apply_chat_template(messages, chat_template=CHAT_TEMPLATE, add_generation_prompt=True,
+                                       tokenize=False)
+        patches, grids = None, []
+        if images:
+            out = processor(images, return_tensors="np")
+            patches, grids = out["pixel_values"], [tuple(int(v) for v in g) for g in out["image_grid_thw"]]
+            pieces = text.split(IMAGE_PAD)
+            assert len(pieces) == len(images) + 1
+            text = pieces[0] + "".join(IMAGE_PAD * (t * h * w // MERGE ** 2) + piece
+                                       for (t, h, w), piece in zip(grids, pieces[1:], strict=True))
+        ids = tok(text).input_ids
+        last = reference_hidden(model, ids, patches, grids)[-1]
+        return last / np.linalg.norm(last), len(ids)
+
+    return vector

@@ -106,9 +106,11 @@ def test_hidden_states_match_on_text_and_image_rows(checkpoint, ours, left):
 
 
 def test_text_only_call_matches(checkpoint, ours):
-    """The engine's text path (ids and mask only) equals the reference without images."""
+    """The engine's text path (ids and mask only) equals the reference without images, an image token id
+    included (plain text without pixel values)."""
     _, model = checkpoint
     rows = rows_with_images(model.config)[0][:1] + [np.random.default_rng(3).integers(20, 300, 9).tolist()]
+    rows[1][4] = model.config.image_token_id
     ids, mask = padded(rows)
     hidden = np.array(ours(mx.array(ids), mx.array(mask)))
     for b, row in enumerate(rows):
@@ -127,6 +129,9 @@ def test_rope_index_follows_the_grid_and_resumes_after_it():
     assert pos[:, 0, 8].tolist() == [5, 5, 5]
     with pytest.raises(ValueError, match="image tokens"):
         qwen3_vl.rope_index(ids, mask, [(1, 4, 4)], image_token_id=9, merge=2)
+    # without images, the image token id is plain text (as the reference without pixel values)
+    text = qwen3_vl.rope_index(ids, mask, [], image_token_id=9, merge=2)
+    assert text[:, 0, :9].tolist() == [list(range(9))] * 3
 
 
 def test_every_key_layout_loads_the_same_tensors(checkpoint, ours):
@@ -167,3 +172,15 @@ def test_causal_lm_reads_head_rows(checkpoint):
     causal = load_ours(folder, qwen3_vl.CausalLM)
     rows = causal.head_rows([3, 17])
     np.testing.assert_array_equal(np.array(rows), model.lm_head.weight.detach().numpy()[[3, 17]])
+
+
+def test_embed_with_images_takes_one_input_and_its_images_arrays(checkpoint, ours):
+    """The engine's vision-language call (engine/vlm.py): ids [1, L] and each image's pixel_values and grid."""
+    _, model = checkpoint
+    rows, grids_per_row = rows_with_images(model.config)
+    row, grids = rows[1], grids_per_row[1]
+    patches = patches_of(grids)
+    images = [{"pixel_values": mx.array(p), "image_grid_thw": mx.array(np.array(g, np.int32))}
+              for p, g in zip(patches, grids, strict=True)]
+    hidden = np.array(ours.embed_with_images(mx.array([row]), images))[0]
+    assert_rows_match(hidden, reference_hidden(model, row, np.concatenate(patches), grids))

@@ -7,8 +7,8 @@ import base64
 import numpy as np
 import pytest
 
-from tests.engine.families import colqwen2_5_fixture as fixture
-from tests.engine.families.test_colqwen2_5 import (BLOCK, PAGES, QUERIES, assert_rows_match, document, query,
+from tests.engine.families import colqwen2_fixture as fixture
+from tests.engine.families.test_colqwen2 import (BLOCK, PAGES, QUERIES, assert_rows_match, document, query,
                                                     reference_rows)
 from tests.server.harness import ServerProcess
 
@@ -70,6 +70,6 @@ def test_props_and_models_say_it_takes_images_and_answers_per_token(server):
     assert props["modalities"]["vision"] is True and props["multi_vector"] is True
     models = server.get("/v1/models").json()
     assert "multimodal" in models["models"][0]["capabilities"]
-    assert models["models"][0]["details"]["family"] == "colqwen2_5"
+    assert models["models"][0]["details"]["family"] == "colqwen2"
     refused = server.post("/v1/embeddings", json={"input": QUERIES[0], "dimensions": 64})
     assert refused.status_code == 400

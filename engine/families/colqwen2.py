@@ -1,10 +1,10 @@
-"""ColQwen2.5: late-interaction retrieval on Qwen2.5-VL (colpali-engine's ColQwen2_5, or transformers'
-ColQwen2ForRetrieval export over a qwen2_5_vl model).
+"""ColQwen2 and ColQwen2.5: late-interaction retrieval on Qwen2-VL / Qwen2.5-VL (colpali-engine's ColQwen2 and
+ColQwen2_5, or transformers' ColQwen2ForRetrieval export over either; its model_type, colqwen2, names the family).
 
 The decoder stops at its final norm (the LM head is never loaded); one Linear projects every token's hidden
 state to 128 dimensions, each token vector is L2-normalized and padding rows are zeroed. The result is one
 vector per real token (multi-vector), scored against a query with MaxSim. Prompts and images are prepared by
-engine/vision/colqwen2_5.py.
+engine/vision/colqwen2.py.
 
 Checkpoint layouts (sanitize): colpali-engine merges store model.* (decoder), visual.* and custom_text_proj.*;
 transformers' retrieval export nests everything under vlm. (model.language_model.*, model.visual.*) and names
@@ -20,18 +20,21 @@ import mlx.nn as nn
 import numpy as np
 
 from engine.errors import InvalidInput, UnsupportedCheckpoint
-from engine.families import qwen2
+from engine.families import qwen2, qwen2_5_vl, qwen2_vl
 from engine.families.base import Trunk
-from engine.families.qwen2_5_vl import TextModel, VisionArgs, VisionModel, text_args
+from engine.families.qwen2_vl import TextModel, text_args
 from engine.families.qwen3_vl import Grid, rope_index
 
+# the vision-language models a ColQwen checkpoint is built on, by their model_type: (tower args, tower)
+TOWERS = {"qwen2_vl": (qwen2_vl.VisionArgs, qwen2_vl.VisionModel),
+          "qwen2_5_vl": (qwen2_5_vl.VisionArgs, qwen2_5_vl.VisionModel)}
 
 
 @dataclass
 class ModelArgs:
     text: qwen2.ModelArgs
     mrope_section: list[int]
-    vision: VisionArgs
+    vision: qwen2_vl.VisionArgs  # or qwen2_5_vl's
     image_token_id: int
     embedding_dim: int = 128
 
@@ -46,19 +49,20 @@ class ModelArgs:
 
     @classmethod
     def from_dict(cls, config: dict[str, Any]) -> ModelArgs:
-        """A colpali-engine merge is a qwen2_5_vl config; transformers' export (colqwen2) nests it in vlm_config."""
+        """A colpali-engine merge is the VLM's own config; transformers' export (colqwen2) nests it in vlm_config."""
         embedding_dim = 128
         if config.get("model_type") == "colqwen2":
             embedding_dim = int(config.get("embedding_dim", 128))
             config = config.get("vlm_config") or {}
-        if config.get("model_type") != "qwen2_5_vl":
-            raise UnsupportedCheckpoint(f"ColQwen checkpoints on {config.get('model_type')!r} are not supported "
-                                        "(supported: qwen2_5_vl, i.e. ColQwen2.5)")
+        kind = config.get("model_type")
+        if kind not in TOWERS:
+            raise UnsupportedCheckpoint(f"ColQwen checkpoints on {kind!r} are not supported "
+                                        f"(supported: {', '.join(TOWERS)})")
         text, section = text_args(config)
-        vision = VisionArgs.from_dict(config.get("vision_config") or {})
-        if vision.out_hidden_size != text.hidden_size:
-            raise UnsupportedCheckpoint(f"qwen2_5_vl vision out_hidden_size {vision.out_hidden_size} differs from "
-                                        f"the decoder's hidden_size {text.hidden_size}")
+        vision = TOWERS[kind][0].from_dict(config.get("vision_config") or {})
+        if vision.out_width != text.hidden_size:
+            raise UnsupportedCheckpoint(f"{kind}: the vision tower outputs {vision.out_width} values per token, the "
+                                        f"decoder's hidden_size is {text.hidden_size}")
         return cls(text=text, mrope_section=section, vision=vision,
                    image_token_id=int(config.get("image_token_id", 151655)), embedding_dim=embedding_dim)
 
@@ -72,7 +76,7 @@ class Model(Trunk):
         super().__init__()
         self.args = args
         self.model = TextModel(args.text, args.mrope_section)
-        self.visual = VisionModel(args.vision)
+        self.visual = TOWERS[args.vision.family][1](args.vision)
         self.custom_text_proj = nn.Linear(args.text.hidden_size, args.embedding_dim)
 
     @property

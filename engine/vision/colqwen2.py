@@ -1,7 +1,7 @@
-"""ColQwen2.5's prompts and image processor (the builder of engine/vlm.py for engine/families/colqwen2_5.py).
+"""ColQwen2 and ColQwen2.5's prompts and image processor (engine/vlm.py's builder for engine/families/colqwen2.py).
 
-Prompts, as colpali-engine's ColQwen2_5_Processor makes them: a query (an input of text only) is its text
-followed by ten <|endoftext|> augmentation tokens; a page is
+Prompts, as colpali-engine's ColQwen2_Processor and ColQwen2_5_Processor make them (the same): a query (an input
+of text only) is its text followed by ten <|endoftext|> augmentation tokens; a page is
 `<|im_start|>user\\n<|vision_start|><|image_pad|><|vision_end|>Describe the image.<|im_end|><|endoftext|>`, the
 turn closed by <|endoftext|> (nothing is generated after it). An input holding images and text renders its own
 parts, in order, in place of "Describe the image.". Each <|image_pad|> becomes one token per merged patch block
@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.checkpoint import Checkpoint
-from engine.families.colqwen2_5 import ModelArgs
+from engine.families.colqwen2 import ModelArgs
 from engine.images_qwen import QwenImageProcessor
 from engine.tokenize import TextTokenizer
 from engine.vlm import PreparedImage, RetrieverInputs, check_prompt_tokens

@@ -1,6 +1,7 @@
-"""ColQwen2.5 (engine/families/colqwen2_5.py, engine/vision/colqwen2_5.py) against colpali-engine's ColQwen2_5, and
-transformers' ColQwen2ForRetrieval for its vlm.* layout, on tiny random checkpoints: the reference processor's ids
-and pixel values, the same token vectors on mixed text and image batches, the same MaxSim scores."""
+"""ColQwen2.5 and ColQwen2 (engine/families/colqwen2.py, engine/vision/colqwen2.py) against colpali-engine's
+ColQwen2_5 / ColQwen2, and transformers' ColQwen2ForRetrieval for its vlm.* layout, on tiny random checkpoints: the
+reference processor's ids and pixel values, the same token vectors on mixed text and image batches, the same
+MaxSim scores."""
 from __future__ import annotations
 
 import io
@@ -13,8 +14,8 @@ import pytest
 
 from engine import ImageInput, Pooling
 from engine.errors import InvalidInput, UnsupportedCheckpoint
-from engine.vision import colqwen2_5 as builder
-from tests.engine.families import colqwen2_5_fixture as fixture
+from engine.vision import colqwen2 as builder
+from tests.engine.families import colqwen2_fixture as fixture
 from tests.engine.helpers import cosine, start_engine
 
 # a palette page with a transparent entry: Pillow warns when converting it, as it does for the reference
@@ -104,8 +105,9 @@ def assert_rows_match(ours: np.ndarray, theirs: np.ndarray) -> None:
     np.testing.assert_allclose(np.linalg.norm(ours, axis=1), 1.0, atol=1e-5)
 
 
-def test_prompts_are_colpali_engines():
-    prompts = fixture.colpali_prompts()
+@pytest.mark.parametrize("base", ["qwen2_5_vl", "qwen2_vl"])
+def test_prompts_are_colpali_engines(base):
+    prompts = fixture.colpali_prompts(base)
     assert builder.DOCUMENT_PROMPT == prompts["visual_prompt_prefix"]
     assert builder.QUERY_PREFIX == prompts.get("query_prefix", "")
     assert builder.QUERY_SUFFIX == prompts["query_augmentation_token"] * 10
@@ -160,10 +162,10 @@ def test_maxsim_scores_match_colpali(colpali, engine):
 def test_key_layouts_sanitize_alike(colpali):
     """An MLX conversion (vision_tower.*, channels-last Conv3d filter) and transformers 5's own save
     (language_model.*) give the parameters of the colpali layout (model.*, visual.*)."""
-    from engine.families import colqwen2_5
+    from engine.families import colqwen2
 
     folder = colpali[0]
-    model = colqwen2_5.Model(colqwen2_5.ModelArgs.from_dict(json.loads((folder / "config.json").read_text())))
+    model = colqwen2.Model(colqwen2.ModelArgs.from_dict(json.loads((folder / "config.json").read_text())))
     raw = mx.load(str(folder / "model.safetensors"))
     expected = model.sanitize(raw)
     mlx_layout = {(k.replace("visual.", "vision_tower.", 1) if k.startswith("visual.") else k):
@@ -177,14 +179,15 @@ def test_key_layouts_sanitize_alike(colpali):
             np.testing.assert_array_equal(np.array(got[key]), np.array(expected[key]))
 
 
-def test_transformers_retrieval_export(tmp_path):
+@pytest.mark.parametrize("base", ["qwen2_5_vl", "qwen2_vl"])
+def test_transformers_retrieval_export(tmp_path, base):
     """vlm.* / embedding_proj_layer.*: the same vectors as ColQwen2ForRetrieval given colpali-engine's M-RoPE
     positions (its own forward never hands the image grid to the VLM, so left alone it numbers an image's tokens
     like text; colpali-engine, which trained these models, gives them M-RoPE positions)."""
     import torch
     import transformers
 
-    reference = fixture.make_transformers_export(tmp_path)
+    reference = fixture.make_transformers_export(tmp_path, base=base)
     tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path)
     eng = start_engine(tmp_path)
     try:
@@ -215,11 +218,11 @@ def test_limits_and_refusals(colpali, engine, tmp_path):
     shutil.copytree(colpali[0], folder)
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, "architectures": ["Qwen2_5_VLForConditionalGeneration"]}))
-    with pytest.raises(UnsupportedCheckpoint, match="supported: ColQwen2ForRetrieval, ColQwen2_5"):
+    with pytest.raises(UnsupportedCheckpoint, match="supported: ColQwen2, ColQwen2ForRetrieval, ColQwen2_5"):
         start_engine(folder)
     (folder / "config.json").write_text(json.dumps({"model_type": "colqwen2", "architectures": ["ColQwen2ForRetrieval"],
-                                                    "vlm_config": {**config, "model_type": "qwen2_vl"}}))
-    with pytest.raises(UnsupportedCheckpoint, match="'qwen2_vl' are not supported"):
+                                                    "vlm_config": {**config, "model_type": "qwen3_vl"}}))
+    with pytest.raises(UnsupportedCheckpoint, match="'qwen3_vl' are not supported"):
         start_engine(folder)
     adapter = tmp_path / "adapter"  # vidore/colqwen2.5-v0.2 ships a LoRA adapter, with or without a config.json
     adapter.mkdir()
@@ -230,3 +233,32 @@ def test_limits_and_refusals(colpali, engine, tmp_path):
     shutil.copy(colpali[0] / "config.json", adapter)
     with pytest.raises(UnsupportedCheckpoint, match="a PEFT adapter .*merge it into its base model"):
         start_engine(adapter)
+
+
+@pytest.fixture(scope="module")
+def colpali_qwen2(tmp_path_factory):
+    """ColQwen2 (Qwen2-VL: LayerNorm blocks, fc1/fc2 MLP, full attention everywhere) from colpali-engine."""
+    import transformers
+
+    folder = tmp_path_factory.mktemp("colqwen2")
+    reference = fixture.make_checkpoint(folder, base="qwen2_vl")
+    return folder, reference, transformers.AutoTokenizer.from_pretrained(folder)
+
+
+def test_colqwen2_on_qwen2_vl_matches_colpali(colpali_qwen2):
+    from engine.maxsim import maxsim_scores
+
+    eng = start_engine(colpali_qwen2[0])
+    try:
+        result = eng.embed_prompts([[QUERIES[0]], ImageInput.image(PAGES[0]), ImageInput(("See ", PAGES[1])),
+                                    ImageInput.image(PAGES[2])])
+    finally:
+        eng.close()
+    expected = [reference_rows(colpali_qwen2, query(QUERIES[0])),
+                reference_rows(colpali_qwen2, document(BLOCK, "Describe the image."), [PAGES[0]]),
+                reference_rows(colpali_qwen2, document("See ", BLOCK), [PAGES[1]]),
+                reference_rows(colpali_qwen2, document(BLOCK, "Describe the image."), [PAGES[2]])]
+    for ours, theirs in zip(result.vectors, expected, strict=True):
+        assert_rows_match(ours, theirs)
+    theirs = [float((expected[0] @ page.T).max(axis=1).sum()) for page in expected[1:]]
+    np.testing.assert_allclose(maxsim_scores(result.vectors[0], result.vectors[1:]), theirs, atol=1e-4)

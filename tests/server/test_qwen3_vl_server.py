@@ -1,0 +1,87 @@
+"""Qwen3-VL-Embedding served with `-m DIR --embedding`: llama's multimodal_data prompts and OpenAI content parts
+carry the same image to the same vector, the reference's; /props and /v1/models say the model takes images."""
+from __future__ import annotations
+
+import base64
+
+import numpy as np
+import pytest
+
+from tests.engine.families.qwen3_vl_fixture import embedding_reference, make_embedding_checkpoint, png_image
+from tests.engine.helpers import cosine
+from tests.server.harness import ServerProcess
+
+IMAGES = [png_image(120, 80, 11), png_image(64, 96, 12)]
+CAPTION = "A woman playing with her dog on a beach"
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return make_embedding_checkpoint(tmp_path_factory.mktemp("qwen3-vl-server") / "model")
+
+
+@pytest.fixture(scope="module")
+def server(checkpoint):
+    srv = ServerProcess("-m", str(checkpoint[0]), "--embedding", "-t", "2").start()
+    yield srv
+    srv.stop()
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def image_part(data: bytes) -> dict:
+    return {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{b64(data)}"}}
+
+
+def test_multimodal_data_and_content_parts_give_the_reference_vector(server, checkpoint):
+    reference = embedding_reference(*checkpoint)
+    llama = server.post("/embeddings", json={"content": [
+        {"prompt_string": f"<__media__>{CAPTION}", "multimodal_data": [b64(IMAGES[0])]},
+        {"prompt_string": "<__media__>", "multimodal_data": [b64(IMAGES[1])]},
+        {"prompt_string": CAPTION}]})
+    assert llama.status_code == 200, llama.text
+    oai = server.post("/v1/embeddings", json={"input": [
+        [image_part(IMAGES[0]), {"type": "text", "text": CAPTION}], image_part(IMAGES[1]), CAPTION]})
+    assert oai.status_code == 200, oai.text
+    llama_vectors = [np.array(item["embedding"][0]) for item in llama.json()]
+    oai_vectors = [np.array(item["embedding"]) for item in oai.json()["data"]]
+    expected = [reference([IMAGES[0], CAPTION]), reference([IMAGES[1]]), reference([CAPTION])]
+    for a, b, (vector, n_ids) in zip(llama_vectors, oai_vectors, expected, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)  # the same input, either spelling: one vector
+        assert cosine(b, vector) >= 0.9999
+    assert oai.json()["usage"]["prompt_tokens"] == sum(n_ids for _, n_ids in expected)
+
+
+def test_instruction_on_the_request_is_the_system_message(server, checkpoint):
+    reference = embedding_reference(*checkpoint)
+    body = server.post("/v1/embeddings", json={"input": [[image_part(IMAGES[1]), {"type": "text", "text": "x"}]],
+                                                "instruction": "Find the matching photo"}).json()
+    assert cosine(body["data"][0]["embedding"], reference([IMAGES[1], "x"], "Find the matching photo.")[0]) >= 0.9999
+
+
+def test_props_and_models_say_the_model_takes_images(server):
+    props = server.get("/props").json()
+    assert props["modalities"] == {"vision": True, "video": False, "audio": False}
+    assert props["input_modalities"] == ["text", "image"]
+    listing = server.get("/v1/models").json()
+    assert "multimodal" in listing["models"][0]["capabilities"]
+    assert listing["data"][0]["meta"]["input_modalities"] == ["text", "image"]
+
+
+def test_mlx_embed_takes_images_and_an_instruction(checkpoint, tmp_path, capsys):
+    import orjson
+
+    from compat.cli import embed_main
+
+    reference = embedding_reference(*checkpoint)
+    (tmp_path / "pic.png").write_bytes(IMAGES[0])
+    assert embed_main(["-m", str(checkpoint[0]), "-p", CAPTION, "--image", str(tmp_path / "pic.png"),
+                       "--instruction", "Match photos and captions", "--json"]) == 0
+    body = orjson.loads(capsys.readouterr().out)
+    text_vector, image_vector = body["embeddings"]
+    expected_text, n_text = reference([CAPTION], "Match photos and captions.")
+    expected_image, n_image = reference([IMAGES[0]], "Match photos and captions.")
+    assert cosine(text_vector, expected_text) >= 0.9999 and cosine(image_vector, expected_image) >= 0.9999
+    assert body["prompt_tokens"] == n_text + n_image
