@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from engine import blas, checkpoint, limits, pooling, registry, shapes, threads
+from engine import blas, checkpoint, limits, malloc, pooling, registry, shapes, threads
 from engine.errors import (
     EmptyInput,
     InvalidInput,
@@ -100,13 +100,13 @@ class Engine:
         self._closing = False
         self.released = threading.Event()  # set once close() has freed the model's memory
         self._lanes, self._blas_threads = threads.plan(options.threads)
-        self._worker = Worker(self._load, options.max_queue_items, lanes=self._lanes, blas_threads=self._blas_threads)
+        self._worker = Worker(self._load, options.max_queue_items, lanes=self._lanes)
 
     # -- loading (runs on the engine thread) -------------------------------------------------------
     def _load(self) -> tuple[Runner, int, BatchLimits]:
         started = time.monotonic()
         opts = self.options
-        blas.set_threads(self._blas_threads)
+        blas.set_budget(self._blas_threads)
         ckpt = checkpoint.read(checkpoint.resolve(opts.model_path, opts.hf_repo, opts.offline, opts.hf_file),
                                label=opts.model_path or "")
         rank_mode = opts.pooling is Pooling.RANK
@@ -189,10 +189,10 @@ class Engine:
             image_tokens=loaded.image_tokens, image_token_bounds=token_bounds, vision_language=self._builder is not None,
             multi_vector=loaded.multi_vector)
         log.info("loaded %s (%s, %s, %s) in %.2f s: pooling %s, %d params, per-input limit %d tokens, "
-                 "batches of up to %d rows / %d tokens, %d lanes sharing %d BLAS threads, BLAS: %s",
+                 "batches of up to %d rows / %d tokens, %d lanes sharing %d BLAS threads, BLAS: %s; %s",
                  ckpt.path, ckpt.model_type, ckpt.architecture or "-", loaded.kind, time.monotonic() - started,
                  mode.value, loaded.n_params, fitted.max_seq, fitted.max_rows, fitted.max_tokens, self._lanes,
-                 self._blas_threads, blas.description)
+                 self._blas_threads, blas.description, malloc.description)
         self.load_s = time.monotonic() - started
         return runner, tokenizer.pad_id, fitted
 
