@@ -26,6 +26,7 @@ from engine.pipeline import (
 )
 from engine.chat_inputs import ChatInputs
 from engine.images import ImageProcessor, InvalidImage, decode
+from engine.images_qwen import QwenImageProcessor
 from engine.prompts import INSTRUCTION_TEMPLATES, RerankPrompt, choose_prompt, default_prompt_name, format_prompts, is_text
 from engine.scheduler import BatchLimits, warm_widths
 from engine.tokenize import TextTokenizer, open_tokenizer
@@ -56,6 +57,26 @@ def _cost(item: list[int] | ImageWork | PreparedInput) -> int:
     if isinstance(item, ImageWork):
         return item.n_tokens
     return len(item.ids) if isinstance(item, PreparedInput) else len(item)
+
+
+def bound_image_tokens(builder: object, opts: EngineOptions, family: str) -> tuple[int, int] | None:
+    """--image-min-tokens / --image-max-tokens on a family's image processor; its token bounds after them.
+
+    They move the pixel bounds of a dynamic-resolution processor (Qwen2-VL's, which a builder keeps as
+    `processor`), as llama.cpp does. Other families resize to a fixed size or a tile grid, which llama.cpp does
+    not bound either: they are left as the reference makes them, and the log says so.
+    """
+    processor = getattr(builder, "processor", None)
+    if isinstance(processor, QwenImageProcessor):
+        builder.processor = processor.with_token_bounds(opts.image_min_tokens, opts.image_max_tokens)
+        return builder.processor.token_bounds
+    given = [flag for flag, value in (("--image-min-tokens", opts.image_min_tokens),
+                                      ("--image-max-tokens", opts.image_max_tokens)) if value > 0]
+    if given:
+        log.warning("%s: not used by the %s family, whose images have a fixed size or a tile grid; only "
+                    "dynamic-resolution models (Qwen3-VL, ColQwen2) take image token bounds", " and ".join(given),
+                    family)
+    return None
 
 
 class Engine:
@@ -99,6 +120,7 @@ class Engine:
                 f"{ckpt.path}: {ckpt.architecture} is a reranker ({kind}), not an embedding model; "
                 f"start it with --reranking")
         embedder = kind == registry.EMBEDDER
+        token_bounds = None  # dynamic-resolution image processors: the fewest and most tokens of one image
         prompt_default = default_prompt_name(ckpt, opts.default_prompt_name) if embedder else None
         if embedder and ckpt.message_modality is not None:
             self._chat = ChatInputs(ckpt)
@@ -110,6 +132,7 @@ class Engine:
             mode = Pooling.RANK
             if loaded.input_builder is not None:  # its prompts hold images (engine/vision/<family>_reranker.py)
                 self._pairs = loaded.input_builder(ckpt, tokenizer)
+                token_bounds = bound_image_tokens(self._pairs, opts, loaded.family)
             else:
                 self._prompt = RerankPrompt(ckpt, fallback=f"{loaded.family}_reranker.jinja")
             yes_id, no_id = self._answer_tokens(tokenizer, ckpt)
@@ -135,8 +158,10 @@ class Engine:
             runner = EmbeddingPipeline(loaded.model, mode, loaded.projection)
             if loaded.input_builder is not None:
                 self._builder = loaded.input_builder(ckpt, tokenizer)
+                token_bounds = bound_image_tokens(self._builder, opts, loaded.family)
             if loaded.image_size:
                 self._images = ImageProcessor.from_checkpoint(ckpt.path, loaded.image_size)
+                bound_image_tokens(self._images, opts, loaded.family)
                 side = loaded.image_size  # run the vision tower once now, so no request compiles it
                 runner.launch_images(np.zeros((1, 3, side, side), np.float32))()
         n_positions = loaded.n_positions
@@ -161,7 +186,7 @@ class Engine:
             file_format="gguf" if ckpt.gguf is not None else "safetensors", chat_template_inputs=self._chat is not None,
             modalities=("text", "image") if (self._images, self._builder, self._pairs) != (None, None, None)
             else ("text",),
-            image_tokens=loaded.image_tokens, vision_language=self._builder is not None,
+            image_tokens=loaded.image_tokens, image_token_bounds=token_bounds, vision_language=self._builder is not None,
             multi_vector=loaded.multi_vector)
         log.info("loaded %s (%s, %s, %s) in %.2f s: pooling %s, %d params, per-input limit %d tokens, "
                  "batches of up to %d rows / %d tokens, %d lanes sharing %d BLAS threads, BLAS: %s; %s",

@@ -348,6 +348,25 @@ def test_ignored_options_env_is_not_read():
     assert parse([], {"LLAMA_ARG_N_GPU_LAYERS": "garbage", "LLAMA_ARG_JINJA": "maybe"}) == Settings()
 
 
+# --- image token bounds ----------------------------------------------------------------------------------------
+
+def test_image_token_bounds_from_every_layer(tmp_path):
+    assert (parse().image_min_tokens, parse().image_max_tokens) == (-1, -1)  # the checkpoint's bounds
+    options = parse(["--image-min-tokens", "64", "--image-max-tokens", "256"]).engine_options("m")
+    assert (options.image_min_tokens, options.image_max_tokens) == (64, 256)
+    s = parse([], {"LLAMA_ARG_IMAGE_MIN_TOKENS": "8", "LLAMA_ARG_IMAGE_MAX_TOKENS": "1024"})
+    assert (s.image_min_tokens, s.image_max_tokens) == (8, 1024)
+    s = parse(files=[ini(tmp_path, "c.ini", "image-max-tokens = 300\n")])
+    assert (s.image_min_tokens, s.image_max_tokens) == (-1, 300)
+    assert parse(["--image-min-tokens", "500", "--image-max-tokens", "0"]).image_max_tokens == 0  # 0: unset
+
+
+def test_image_min_tokens_above_the_max_is_refused():
+    with pytest.raises(SettingsError, match=r"invalid value for --image-max-tokens: 100 is below "
+                                            r"--image-min-tokens \(200\)"):
+        parse(["--image-min-tokens", "200", "--image-max-tokens", "100"])
+
+
 # --- config files ----------------------------------------------------------------------------------------------
 
 def test_ini_sections_that_apply(tmp_path):

@@ -96,14 +96,15 @@ def reference(checkpoint):
     head = model.lm_head.weight.detach().double().numpy()
     direction = head[TRUE_ID] - head[FALSE_ID]
 
-    def score(query, document, instruction: str = DEFAULT_INSTRUCTION) -> tuple[float, int]:
+    def score(query, document, instruction: str = DEFAULT_INSTRUCTION, size: dict | None = None) -> tuple[float, int]:
+        """size: pixel bounds ({"shortest_edge": min_pixels, "longest_edge": max_pixels}) for this call."""
         (query_text, query_images), (doc_text, doc_images) = flat(query), flat(document)
         text = (f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\n<Instruct>: {instruction}"
                 f"<Query>:{query_text}\n<Document>:{doc_text}<|im_end|>\n<|im_start|>assistant\n")
         images = [Image.open(io.BytesIO(data)) for data in query_images + doc_images]
         patches, grids = None, []
         if images:
-            out = processor(images, return_tensors="np")
+            out = processor(images, return_tensors="np", **({"size": size} if size else {}))
             patches, grids = out["pixel_values"], [tuple(int(v) for v in g) for g in out["image_grid_thw"]]
             pieces = text.split("<|image_pad|>")
             text = pieces[0] + "".join("<|image_pad|>" * (t * h * w // 4) + piece
@@ -162,6 +163,24 @@ def test_truncation_cuts_texts_and_keeps_the_scaffold_and_images(checkpoint):
             eng.rerank(ImageInput((IMAGES[2],)), [ImageInput((IMAGES[2], long_text))], truncate=True)
     finally:
         eng.close()
+
+
+def test_image_token_bounds_give_the_reference_with_those_pixel_bounds(checkpoint, reference):
+    """--image-min-tokens 8 / --image-max-tokens 12 move the 4-, 18- and 35-token images (checkpoint: 4 to 40) into
+    8 x 32^2 .. 12 x 32^2 pixels, as the reference processor given those bounds."""
+    eng = start_engine(checkpoint[0], pooling=registry.Pooling.RANK, image_min_tokens=8, image_max_tokens=12)
+    try:
+        documents = [[IMAGES[0]], [IMAGES[2], "revenue"]]
+        result = eng.rerank(item([IMAGES[1]]), [item(d) for d in documents])
+    finally:
+        eng.close()
+    size = {"shortest_edge": 8 * 32 * 32, "longest_edge": 12 * 32 * 32}
+    for document, got, n_tokens in zip(documents, result.scores, result.n_tokens, strict=True):
+        expected, expected_tokens = reference([IMAGES[1]], document, size=size)
+        assert abs(got - expected) < 1e-4 and n_tokens == expected_tokens
+    # query 200x90: 18 -> 10 tokens; 50x70: 4 -> 12; 330x260: 35 -> 9
+    assert [n - reference([IMAGES[1]], d)[1] for n, d in zip(result.n_tokens, documents)] == [
+        (10 - 18) + (12 - 4), (10 - 18) + (9 - 35)]
 
 
 def test_bad_images_and_image_tokens_in_text_are_refused_naming_the_item(engine):
