@@ -33,7 +33,9 @@ from engine.vlm import PreparedImage, PreparedInput
 
 log = logging.getLogger(__name__)
 
-SPREAD = 2  # streams a pass computing alone spreads over: the halves of split layers (engine/families/bert.py)
+# Streams a pass computing alone spreads over: the halves of split layers (engine/families/bert.py). 1 gives it
+# every BLAS thread on one stream instead (benchmarks/README.md: measured only on a shared machine so far).
+SPREAD = 2
 
 # (ids [B, W], mask [B, W], token type ids [B, W], lengths) -> one result per row
 Runner = Callable[[np.ndarray, np.ndarray, np.ndarray, list[int]], list[np.ndarray]]  # or a Pipeline (launch + collect)
