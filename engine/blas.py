@@ -65,7 +65,7 @@ def set_threads(n: int) -> None:
 # engine of the process (several models in router mode), not per engine.
 _lock = threading.Lock()
 _budget = 0  # threads the passes may keep busy (-t); 0: the library's default, untouched
-_streams = 0  # streams computing passes now
+_computing = 0  # passes computing now
 
 
 def set_budget(threads: int) -> None:
@@ -76,20 +76,17 @@ def set_budget(threads: int) -> None:
         set_threads(_budget)
 
 
-def pass_started(streams: int) -> int:
-    """A pass starts computing and could use `streams` streams (engine/threads.py spread): it gets them when
-    nothing else computes and the budget has a thread for each, else one. The BLAS threads are then shared out
-    over the streams computing. Returns the streams granted; give them back with pass_finished."""
-    global _streams
+def pass_started() -> None:
+    """A pass starts computing: the BLAS threads are shared out over the passes computing now (a pass alone gets
+    them all). Every call is matched by pass_finished."""
+    global _computing
     with _lock:
-        granted = streams if _streams == 0 and streams <= max(1, _budget) else 1
-        _streams += granted
+        _computing += 1
         if _budget > 0:
-            set_threads(max(1, _budget // _streams))
-        return granted
+            set_threads(max(1, _budget // _computing))
 
 
-def pass_finished(streams: int) -> None:
-    global _streams
+def pass_finished() -> None:
+    global _computing
     with _lock:
-        _streams = max(0, _streams - streams)
+        _computing = max(0, _computing - 1)

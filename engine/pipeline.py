@@ -31,11 +31,6 @@ class Pipeline(ABC):
         return self.launch(ids, mask, type_ids, lengths)()
 
 
-def spreads(model: nn.Module) -> bool:
-    """Whether the model has layers split into halves that a pass can put on two streams (engine/threads.py spread)."""
-    return any("halves" in layer for _, layer in model.named_modules())
-
-
 def _started(out: mx.array) -> mx.array:
     mx.async_eval(out)
     return out
@@ -52,7 +47,6 @@ class EmbeddingPipeline(Pipeline):
         self.pooling = pooling
         self.projection = projection
         self.pools_itself = bool(getattr(model, "pools_itself", False))  # the family's own head gives [B, D]
-        self.spreads = spreads(model)
 
     def launch(self, ids: np.ndarray, mask: np.ndarray, type_ids: np.ndarray, lengths: list[int]) -> Collect:
         """[B, W] right-padded -> one float32 vector [D] per row ([n_i, D] for pooling none)."""
@@ -90,7 +84,6 @@ class CrossEncoderPipeline(Pipeline):
 
     def __init__(self, model: nn.Module):
         self.model = model
-        self.spreads = spreads(model)
 
     def launch(self, ids: np.ndarray, mask: np.ndarray, type_ids: np.ndarray, lengths: list[int]) -> Collect:
         logits = _started(self.model(mx.array(ids), mx.array(mask), mx.array(type_ids)).astype(mx.float32))

@@ -6,9 +6,9 @@ future per item. Inputs from concurrent requests share forward passes (engine/sc
 A lane is a thread with its own MLX stream. MLX runs the ops of one stream on one thread, and only BLAS
 calls spread over more, so with two lanes (each one BLAS thread) two passes compute at once and both cores
 work on every op: softmax, GELU, LayerNorm and copies too (measured on 2 cores: 1.2-1.3x the tokens/s of
-one lane with two BLAS threads). A pass computing alone uses both cores as well: a model whose layers are split
-in halves (engine/families/bert.py) puts them on two streams of its lane (engine/threads.py spread), and any
-other model gets every BLAS thread. The threads of -t are shared out at each launch (engine/blas.py).
+one lane with two BLAS threads). The BLAS threads (-t) are shared out at each launch over the passes computing in
+the whole process (engine/blas.py): a pass computing alone gets them all (a single short request measured ~40%
+slower with one), passes computing together split them.
 """
 from __future__ import annotations
 
@@ -33,9 +33,6 @@ from engine.vlm import PreparedImage, PreparedInput
 
 log = logging.getLogger(__name__)
 
-# Streams a pass computing alone spreads over: the halves of split layers (engine/families/bert.py). 1 gives it
-# every BLAS thread on one stream instead (benchmarks/README.md: measured only on a shared machine so far).
-SPREAD = 2
 
 # (ids [B, W], mask [B, W], token type ids [B, W], lengths) -> one result per row
 Runner = Callable[[np.ndarray, np.ndarray, np.ndarray, list[int]], list[np.ndarray]]  # or a Pipeline (launch + collect)
@@ -244,21 +241,15 @@ class Worker:
         batch = [item for item in batch if item.future.set_running_or_notify_cancel()]
         if not batch:
             return None
-        # A pass computing alone spreads its split layers over two streams (both cores on every op); one
-        # beside another pass keeps to its lane's stream. Every launched pass gives its streams back in _finish.
-        streams = blas.pass_started(SPREAD if getattr(self._runner, "spreads", False) else 1)
+        blas.pass_started()  # every launched pass is finished (and counted down) by _finish
         try:
-            with threads.spread(streams):
-                if batch[0].pixels is not None:  # the scheduler never mixes images and texts
-                    launched = self._launch_images(batch)
-                elif batch[0].images:  # a vision-language input holding images: always alone in its pass
-                    launched = self._launch_with_images(batch)
-                else:
-                    launched = self._launch_texts(batch)
+            if batch[0].pixels is not None:  # the scheduler never mixes images and texts
+                return self._launch_images(batch)
+            if batch[0].images:  # a vision-language input holding images: always alone in its pass
+                return self._launch_with_images(batch)
+            return self._launch_texts(batch)
         except Exception as exc:  # assembling the batch failed: that batch fails, the lane keeps serving
-            launched = _Launched(batch, None, time.monotonic(), max(item.n_tokens for item in batch), exc)
-        launched.streams = streams
-        return launched
+            return _Launched(batch, None, time.monotonic(), max(item.n_tokens for item in batch), exc)
 
     def _launch_texts(self, batch: list[WorkItem]) -> _Launched:
         width = self._limits.width(max(item.n_tokens for item in batch))
@@ -306,7 +297,7 @@ class Worker:
         try:
             self._deliver(launched)
         finally:
-            blas.pass_finished(launched.streams)
+            blas.pass_finished()
 
     def _deliver(self, launched: _Launched) -> None:
         batch = launched.batch
@@ -388,4 +379,3 @@ class _Launched:
     started: float
     width: int  # padded width of the batch's rows
     error: Exception | None = None
-    streams: int = 1  # how many streams it computes on (blas.pass_started)

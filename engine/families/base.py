@@ -38,20 +38,6 @@ class Trunk(nn.Module):
         return self.args.max_position_embeddings
 
 
-# -- where the halves of split layers compute (engine/families/bert.py split_halves) -----------------------
-# The second stream of each stream whose pass the engine spreads now (engine/threads.py spread), keyed by the
-# stream's name (MLX streams are not hashable). Split layers put their second half there; absent, both halves
-# run on the current stream, one after the other: the same ops, so the same result bits either way.
-HELPER_STREAMS: dict[str, mx.Stream] = {}
-
-
-def part_streams(parts: int) -> list[mx.Stream]:
-    """The stream for each of a split layer's `parts` halves in the graph being built on this thread."""
-    current = mx.default_stream(mx.default_device())
-    helper = HELPER_STREAMS.get(str(current))
-    return [current] * parts if helper is None else [current] + [helper] * (parts - 1)
-
-
 def padding_mask(attention_mask: mx.array) -> mx.array:
     """[B, L] 1/0 -> boolean [B, 1, 1, L] (True = attend) for bidirectional attention."""
     return (attention_mask != 0)[:, None, None, :]

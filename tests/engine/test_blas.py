@@ -1,4 +1,4 @@
-"""engine/blas.py: the passes computing are counted over the whole process, and -t bounds the streams they get."""
+"""engine/blas.py: the BLAS threads of -t are shared over the passes computing in the whole process."""
 from __future__ import annotations
 
 import pytest
@@ -7,29 +7,32 @@ from engine import blas
 
 
 @pytest.fixture
-def budget():
-    saved = blas._budget, blas._streams
-    yield lambda threads: (blas.set_budget(threads), setattr(blas, "_streams", 0))
-    blas._budget, blas._streams = saved
-    blas.set_threads(blas._budget)
+def recorded(monkeypatch):
+    """The thread counts set, in order, from a budget of 4 threads and nothing computing."""
+    calls: list[int] = []
+    monkeypatch.setattr(blas, "set_threads", calls.append)
+    monkeypatch.setattr(blas, "_computing", 0)
+    monkeypatch.setattr(blas, "_budget", 0)
+    blas.set_budget(4)
+    return calls
 
 
-def test_a_pass_alone_gets_two_streams_and_one_beside_it_gets_one(budget):
-    budget(2)
-    first = blas.pass_started(2)
-    second = blas.pass_started(2)  # from another lane or another engine of the process
-    assert (first, second) == (2, 1)
-    blas.pass_finished(first)
-    blas.pass_finished(second)
-    assert blas.pass_started(2) == 2
+def test_a_pass_alone_gets_every_thread_and_passes_together_share_them(recorded):
+    blas.pass_started()  # one lane, or one engine of the process
+    blas.pass_started()  # another lane, or another engine
+    blas.pass_started()
+    assert recorded == [4, 4, 2, 1]
+    for _ in range(3):
+        blas.pass_finished()
+    blas.pass_started()
+    assert recorded[-1] == 4
 
 
-def test_one_thread_never_spreads(budget):
-    budget(1)
-    assert blas.pass_started(2) == 1
-
-
-def test_a_model_that_cannot_spread_asks_for_one_stream(budget):
-    budget(4)
-    assert blas.pass_started(1) == 1
-    assert blas.pass_started(2) == 1  # something computes already
+def test_no_budget_leaves_the_library_alone(monkeypatch):
+    calls: list[int] = []
+    monkeypatch.setattr(blas, "set_threads", calls.append)
+    monkeypatch.setattr(blas, "_computing", 0)
+    monkeypatch.setattr(blas, "_budget", 0)
+    blas.pass_started()
+    blas.pass_finished()
+    assert calls == []

@@ -26,12 +26,14 @@ def test_passes_at_new_widths_do_not_fault_in_fresh_pages():
         pipeline(ids, np.ones_like(ids), np.zeros_like(ids), [width] * rows)
 
     run(4, 160)  # the heap grows to its high-water mark once
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    for width in (150, 157, 143):  # widths MLX's exact-size buffer cache has not seen
+    faults = []
+    for width in (150, 157, 143, 151, 139, 155):  # widths MLX's exact-size buffer cache has not seen
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         run(4, width)
-    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
-    # glibc's defaults: about 30,000 per pass at these widths (a pass's buffers mapped afresh and handed back)
-    assert faults < 3 * 2000
+        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    # glibc's defaults: about 30,000 per pass at these widths (a pass's buffers mapped afresh and handed back).
+    # The median, because another engine unloading meanwhile (malloc.release) empties the heap once.
+    assert sorted(faults)[len(faults) // 2] < 1000, faults
 
 
 def _rss() -> int:
