@@ -937,6 +937,8 @@ class _ModelOptions(ExplicitSettings):
     max_seq: int = shared_option("max_seq", flags=["--max-length", "--max-seq"])
     ubatch_size: int = shared_option("ubatch_size")
     threads: int = shared_option("threads")
+    image_min_tokens: int = shared_option("image_min_tokens")
+    image_max_tokens: int = shared_option("image_max_tokens")
     instruction: str | None = option(
         None, flags=["--instruction"], metavar="TEXT", group="model",
         help="the task instruction: an embedding model's instruction template (when its family has one), a "
@@ -953,7 +955,7 @@ class _ModelOptions(ExplicitSettings):
 
     def engine_settings(self) -> Settings:
         """The server's Settings with this command's shared options set (the rest at the server's defaults)."""
-        return Settings(**{server: getattr(self, name) for name, server in self.shared_fields().items()})
+        return _build({server: getattr(self, name) for name, server in self.shared_fields().items()})
 
     def engine_kwargs(self) -> dict[str, Any]:
         """engine.Encoder / engine.Reranker options: the EngineOptions fields this command's shared options set,

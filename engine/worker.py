@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 import numpy as np
 
-from engine import blas, threads
+from engine import blas, malloc, threads
 from engine.errors import ForwardFailed, NotLoaded, OutOfMemory, QueueFull, ReplyTimeout, TooManyInputs
 from engine.scheduler import ALONE, IMAGES, TEXTS, BatchLimits, next_batch
 from engine.vlm import PreparedImage, PreparedInput
@@ -165,6 +165,7 @@ class Worker:
             self._runner = None
             mx.synchronize()
             mx.clear_cache()
+            malloc.release()
 
     def _serve(self) -> None:
         try:

@@ -122,3 +122,19 @@ def test_mlx_embed_takes_images_and_an_instruction(checkpoint, tmp_path, capsys)
     expected_image, n_image = reference([IMAGES[0]], "Match photos and captions.")
     assert cosine(text_vector, expected_text) >= 0.9999 and cosine(image_vector, expected_image) >= 0.9999
     assert body["prompt_tokens"] == n_text + n_image
+
+
+def test_mlx_embed_takes_the_image_token_bounds(checkpoint, tmp_path, capsys):
+    import orjson
+
+    from compat.cli import embed_main
+
+    reference = embedding_reference(*checkpoint, pixel_bounds=(12 * 32 * 32, 20 * 32 * 32))
+    (tmp_path / "big.png").write_bytes(BIG_IMAGE)
+    assert embed_main(["-m", str(checkpoint[0]), "--image", str(tmp_path / "big.png"), "--image-min-tokens", "12",
+                       "--image-max-tokens", "20", "--json"]) == 0
+    body = orjson.loads(capsys.readouterr().out)
+    expected, n_ids = reference([BIG_IMAGE])
+    assert cosine(body["embeddings"][0], expected) >= 0.9999 and body["prompt_tokens"] == n_ids
+    assert embed_main(["-m", str(checkpoint[0]), "-p", "x", "--image-min-tokens", "9", "--image-max-tokens", "8"]) == 1
+    assert "error: invalid value for --image-max-tokens: 8 is below --image-min-tokens (9)" in capsys.readouterr().err
