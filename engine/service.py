@@ -410,7 +410,7 @@ class Engine:
             token_lists = [self._prepare(_label(labels, i), item, None) if isinstance(item, ImageInput) else item
                            for i, item in enumerate(token_lists)]
         fitted = [self._image_work(_label(labels, i), item, info) if isinstance(item, ImageInput) else
-                  self._fit_prepared(item, info, cut) if isinstance(item, PreparedInput) else
+                  self._fit_prepared(_label(labels, i), item, info, cut) if isinstance(item, PreparedInput) else
                   self._fit(item, info, cut) for i, item in enumerate(token_lists)]
         preprocess_s = time.monotonic() - started
         results, timings = self._serve(fitted, None, timeout_s)
@@ -418,12 +418,16 @@ class Engine:
         return EmbedResult(vectors=[r.value for r in results], n_tokens=[_cost(item) for item in fitted],
                            timings=timings)
 
-    def _fit_prepared(self, prepared: PreparedInput, info: ModelInfo, truncate: bool) -> PreparedInput:
+    def _fit_prepared(self, label: str, prepared: PreparedInput, info: ModelInfo, truncate: bool) -> PreparedInput:
         """A built input within the per-input limit: a text-only one may be cut, one holding images may not
         (its image tokens are one block with the image's features)."""
         if not prepared.images:
             return PreparedInput(self._fit(prepared.ids, info, truncate))
         if len(prepared.ids) > info.max_input_tokens:
+            if truncate:  # asked to cut, but cannot: say why rather than only that it is too long
+                raise InvalidInput(f"{label} ({len(prepared.ids)} tokens, {prepared.image_tokens} of them its "
+                                   f"images') is over the per-input limit of {info.max_input_tokens} tokens, and an "
+                                   f"input holding images is never truncated: send less text or smaller images")
             self._too_long(len(prepared.ids), info)
         return prepared
 
