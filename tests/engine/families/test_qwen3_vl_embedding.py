@@ -92,6 +92,29 @@ def test_an_over_long_input_holding_images_is_refused_even_when_truncating(engin
     assert engine.embed_prompts([[long_text]], truncate=True).n_tokens == [engine.info.truncate_tokens]
 
 
+def test_images_are_decoded_and_preprocessed_off_the_engine_thread(engine, monkeypatch):
+    import threading
+
+    import engine.images as images_module
+    import engine.pipeline as pipeline_module
+
+    threads: dict[str, set[str]] = {"decode": set(), "build": set(), "model": set()}
+
+    def spy(kind, function):
+        def recorded(*args, **kwargs):
+            threads[kind].add(threading.current_thread().name)
+            return function(*args, **kwargs)
+        return recorded
+
+    builder = type(engine._builder)
+    monkeypatch.setattr("engine.service.decode", spy("decode", images_module.decode))
+    monkeypatch.setattr(builder, "build", spy("build", builder.build))
+    monkeypatch.setattr(pipeline_module, "to_device", spy("model", pipeline_module.to_device))
+    engine.embed_prompts([as_input((IMAGES[0], "a caption")), ["text"]])
+    assert threads["decode"] and threads["build"] and threads["model"]
+    assert threads["model"].isdisjoint(threads["decode"] | threads["build"]), threads
+
+
 def test_detection_and_what_the_engine_reports(engine, tmp_path):
     import json
 
