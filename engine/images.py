@@ -97,6 +97,9 @@ def decode(data: bytes, max_pixels: int):
     """Open an encoded image, refusing it by its header when it has more than max_pixels pixels."""
     from PIL import Image  # lazy: text-only servers never pay for Pillow's import
 
+    # our bound applies instead of Pillow's warning (emitted at open, from 89 M pixels); a process-wide filter,
+    # since warnings.catch_warnings is not thread-safe and request threads decode concurrently
+    warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
     try:
         image = Image.open(io.BytesIO(data))
     except Image.DecompressionBombError:  # Pillow's own bound (twice Image.MAX_IMAGE_PIXELS), checked at open
@@ -111,9 +114,7 @@ def decode(data: bytes, max_pixels: int):
     if pixels == 0:
         raise InvalidImage("the image has no pixels")
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # our own bound applies instead
-            image.load()
+        image.load()
     except Exception as exc:
         raise InvalidImage(f"the image data is damaged ({type(exc).__name__}: {exc})") from None
     return image
