@@ -1,7 +1,8 @@
 """Where an image in a request comes from -> its bytes, under the operator's rules.
 
 Sources: `data:image/...;base64,...` URLs and bare base64 always; `file://` paths only inside --media-path
-(relative to it, or absolute inside it; no `..`, symlinks resolved before the check); `http(s)://` only with
+(relative to it as llama.cpp reads them, leading slashes included, or absolute inside it; no `..`, symlinks
+resolved before the check); `http(s)://` only with
 --allow-remote-media, fetched with a byte cap and a timeout. Every source is bounded by --media-max-bytes.
 `load` raises ValueError with a message for the client; `image_input` turns it into a 400 naming the input.
 """
@@ -83,9 +84,12 @@ def _local_file(url: str, policy: MediaPolicy) -> bytes:
     if ".." in re.split(r"[\\/]+", raw):
         raise ValueError("file:// paths must not contain '..'")
     root = policy.media_path
-    candidate = Path(raw) if os.path.isabs(raw) else root / raw
-    resolved = candidate.resolve()  # symlinks followed: the check below sees where the file really is
-    if resolved != root and root not in resolved.parents:
+    # llama.cpp reads the path relative to --media-path, leading slashes included (file:////a//b.png is a/b.png);
+    # an absolute path that lies inside --media-path is read as it is
+    relative = _inside(root, root / raw.lstrip("/\\"))
+    absolute = _inside(root, Path(raw)) if os.path.isabs(raw) else None
+    resolved = absolute or relative
+    if resolved is None or (os.path.isabs(raw) and absolute is None and not relative.is_file()):
         raise ValueError(f"file path is not allowed: {raw} is outside --media-path")
     if not resolved.is_file():
         raise ValueError(f"file does not exist or cannot be opened: {raw}")
@@ -96,6 +100,12 @@ def _local_file(url: str, policy: MediaPolicy) -> bytes:
         return resolved.read_bytes()
     except OSError:
         raise ValueError(f"file does not exist or cannot be opened: {raw}") from None
+
+
+def _inside(root: Path, candidate: Path) -> Path | None:
+    """candidate with symlinks resolved (so the check sees where the file really is), if that is inside root."""
+    resolved = candidate.resolve()
+    return resolved if resolved == root or root in resolved.parents else None
 
 
 def _remote(url: str, policy: MediaPolicy) -> bytes:

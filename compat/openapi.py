@@ -60,7 +60,7 @@ def _schemas(settings: Settings) -> dict[str, Schema]:
                     "properties": {"type": {"enum": ["text", "image_url"]}, "text": _STRING, "image_url": {}}}
     item = {"description": "a text; for rerankers that take images also {text, image | image_url} (a URL or "
                            "{url}), an OpenAI content part or a list of them, or llama's {prompt_string, "
-                           "multimodal_data}: one image at most",
+                           "multimodal_data}",
             "anyOf": [_STRING, {"type": "object", "properties": {"text": _STRING, "image": {}, "image_url": {}}},
                       content_part, {"type": "array", "minItems": 1, "items": content_part}, prompt_object]}
     documents = {"type": "array", "minItems": 1, "items": item,

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from pydantic import Field, PrivateAttr, ValidationError, field_validator
+from pydantic import Field, PrivateAttr, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -42,6 +42,12 @@ Kind = Literal["value", "flag", "paired", "accumulating", "repeated"]
 GROUPS = ("server", "model", "embeddings", "batching", "models", "http", "logging", "ignored-for-compatibility")
 
 SYSTEM_CONFIG_FILE = Path("/etc/llama.cpp/config.ini")
+
+
+# --image-min-tokens / --image-max-tokens (llama.cpp's reading: N tokens are N x (patch x merge)^2 pixels)
+_IMAGE_TOKENS_HELP = ("{} tokens one image becomes in dynamic-resolution vision models (Qwen3-VL, ColQwen2): {} to "
+                      "N x (patch x merge)^2 pixels; 0 or less = the checkpoint's preprocessor_config.json bound; "
+                      "fixed-size and tiling models do not use it")
 
 
 class SettingsError(Exception):
@@ -184,8 +190,9 @@ class Settings(ExplicitSettings):
 
     media_path: str | None = option(
         None, flags=["--media-path"], env="LLAMA_ARG_MEDIA_PATH", metavar="PATH", group="embeddings",
-        help="folder images may be read from through file:// URLs (relative to it, or absolute inside it; no '..', "
-             "symlinks resolved); unset = file:// URLs are refused")
+        help="folder images may be read from through file:// URLs (relative to it, leading slashes included, as "
+             "llama-server reads them, or absolute inside it; no '..', symlinks resolved); unset = file:// URLs "
+             "are refused")
     allow_remote_media: bool = option(
         False, flags=["--allow-remote-media"], kind="paired", env="LLAMA_ARG_ALLOW_REMOTE_MEDIA", group="embeddings",
         help="let requests name images by http(s):// URL, which the server then downloads (bounded by "
@@ -202,6 +209,12 @@ class Settings(ExplicitSettings):
     image_max_pixels: int = option(
         40_000_000, flags=["--image-max-pixels"], env="LLAMA_ARG_IMAGE_MAX_PIXELS", metavar="N", group="embeddings",
         per_model=True, help="most pixels (width x height) of one image, checked from its header before decoding")
+    image_min_tokens: int = option(
+        -1, flags=["--image-min-tokens"], env="LLAMA_ARG_IMAGE_MIN_TOKENS", metavar="N", group="embeddings",
+        per_model=True, help=_IMAGE_TOKENS_HELP.format("fewest", "smaller images grow"))
+    image_max_tokens: int = option(
+        -1, flags=["--image-max-tokens"], env="LLAMA_ARG_IMAGE_MAX_TOKENS", metavar="N", group="embeddings",
+        per_model=True, help=_IMAGE_TOKENS_HELP.format("most", "larger images shrink"))
 
     ctx_size: int = option(0, flags=["-c", "--ctx-size"], env="LLAMA_ARG_CTX_SIZE", metavar="N",
                            group="batching", per_model=True,
@@ -314,6 +327,14 @@ class Settings(ExplicitSettings):
             raise ValueError("must be 1 or more")
         return value
 
+    @field_validator("image_max_tokens")
+    @classmethod
+    def _image_token_bounds_ordered(cls, value: int, info: ValidationInfo) -> int:
+        low = info.data.get("image_min_tokens", -1)
+        if value > 0 and low > value:  # llama.cpp refuses max_pixels < min_pixels too
+            raise ValueError(f"{value} is below --image-min-tokens ({low})")
+        return value
+
     @field_validator("shutdown_timeout")
     @classmethod
     def _not_negative(cls, value: int) -> int:
@@ -378,6 +399,8 @@ class Settings(ExplicitSettings):
             rerank_instruction=self.rerank_instruction,
             default_prompt_name=self.default_prompt_name,
             image_max_pixels=self.image_max_pixels,
+            image_min_tokens=self.image_min_tokens,
+            image_max_tokens=self.image_max_tokens,
         )
 
 
@@ -389,8 +412,6 @@ _IGNORED_WITH_VALUE = (
     "-cram --cache-ram", "--chat-template", "--chat-template-file",
     "--reasoning-format", "--slot-save-path", "-gan --grp-attn-n", "-gaw --grp-attn-w", "-dev --device",
     "--models-dir", "-mu --model-url", "--lora", "--spec-type", "--tools",
-    # fixed-size vision towers (SigLIP) take no token budget per image
-    "--image-min-tokens", "--image-max-tokens",
 )
 _IGNORED_FLAGS = (
     "--jinja --no-jinja", "-cb --cont-batching -nocb --no-cont-batching", "-kvu --kv-unified -no-kvu --no-kv-unified",
@@ -917,6 +938,8 @@ class _ModelOptions(ExplicitSettings):
     max_seq: int = shared_option("max_seq", flags=["--max-length", "--max-seq"])
     ubatch_size: int = shared_option("ubatch_size")
     threads: int = shared_option("threads")
+    image_min_tokens: int = shared_option("image_min_tokens")
+    image_max_tokens: int = shared_option("image_max_tokens")
     instruction: str | None = option(
         None, flags=["--instruction"], metavar="TEXT", group="model",
         help="the task instruction: an embedding model's instruction template (when its family has one), a "
@@ -933,7 +956,7 @@ class _ModelOptions(ExplicitSettings):
 
     def engine_settings(self) -> Settings:
         """The server's Settings with this command's shared options set (the rest at the server's defaults)."""
-        return Settings(**{server: getattr(self, name) for name, server in self.shared_fields().items()})
+        return _build({server: getattr(self, name) for name, server in self.shared_fields().items()})
 
     def engine_kwargs(self) -> dict[str, Any]:
         """engine.Encoder / engine.Reranker options: the EngineOptions fields this command's shared options set,

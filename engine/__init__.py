@@ -1,10 +1,12 @@
 """mlx-embed-server's engine: checkpoints, tokens, MLX families, pooling, the engine thread. No HTTP here.
 
-The optimized BLAS must be bound before MLX is first imported, so it happens on package import.
+The optimized BLAS must be bound before MLX is first imported, so it happens on package import, with the
+allocator settings (engine/malloc.py).
 """
-from engine import blas
+from engine import blas, malloc
 
 blas.bind()
+malloc.keep_freed_memory()
 
 from engine import errors  # noqa: E402
 from engine.checkpoint import default_model  # noqa: E402

@@ -10,6 +10,7 @@ import ctypes
 import ctypes.util
 import platform
 import sys
+import threading
 from pathlib import Path
 
 _CANDIDATES = (
@@ -58,3 +59,37 @@ def set_threads(n: int) -> None:
     """Set the BLAS thread count (MLX itself has no thread setting); n <= 0 keeps the default."""
     if _bound is not None and n > 0:
         _bound.openblas_set_num_threads(ctypes.c_int(n))
+
+
+# The thread count is one setting for the whole process, so the passes computing now are counted here, over every
+# engine of the process (several models in router mode), not per engine.
+_lock = threading.Lock()
+_budget = 0  # threads the passes may keep busy (-t); 0: the library's default, untouched
+_streams = 0  # streams computing passes now
+
+
+def set_budget(threads: int) -> None:
+    """-t: the threads every pass of the process shares (the last engine loaded sets it); <= 0 keeps the default."""
+    global _budget
+    with _lock:
+        _budget = max(0, threads)
+        set_threads(_budget)
+
+
+def pass_started(streams: int) -> int:
+    """A pass starts computing and could use `streams` streams (engine/threads.py spread): it gets them when
+    nothing else computes and the budget has a thread for each, else one. The BLAS threads are then shared out
+    over the streams computing. Returns the streams granted; give them back with pass_finished."""
+    global _streams
+    with _lock:
+        granted = streams if _streams == 0 and streams <= max(1, _budget) else 1
+        _streams += granted
+        if _budget > 0:
+            set_threads(max(1, _budget // _streams))
+        return granted
+
+
+def pass_finished(streams: int) -> None:
+    global _streams
+    with _lock:
+        _streams = max(0, _streams - streams)

@@ -16,7 +16,7 @@ log = logging.getLogger(__name__)
 # sentence-transformers module types we understand, by their last dotted name. Checkpoints spell the full
 # path in several historical ways (models.Pooling, sentence_transformers.base.modules.…); only the class
 # name matters, and it is data: we never import what a checkpoint names.
-_KNOWN_MODULES = {"Transformer", "Pooling", "Normalize", "Dense"}
+_KNOWN_MODULES = {"Transformer", "Pooling", "Normalize", "Dense", "LogitScore"}
 
 # 1_Pooling modes we implement, in both key styles.
 _POOLING_NAMES = {"cls": Pooling.CLS, "mean": Pooling.MEAN, "max": Pooling.MAX, "lasttoken": Pooling.LAST}
@@ -49,6 +49,8 @@ class Checkpoint:
     message_modality: dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     dense_folders: tuple[Path, ...] = ()  # modules.json Dense modules (2_Dense, 3_Dense, ...), in order
+    # a yes/no reranker's LogitScore module (Qwen3-VL-Reranker's 1_LogitScore): (true_token_id, false_token_id)
+    logit_score: tuple[int, int] | None = None
     gguf: Any = None  # a GGUF file (engine.gguf.reader.GGUFFile); config above is derived from its metadata
     label: str = ""  # the path as the user gave it (llama-server reports -m as typed)
 
@@ -149,6 +151,7 @@ def read(path: Path, label: str = "") -> Checkpoint:
         chat_template_kwargs=dict((sbert.get("processing_kwargs") or {}).get("chat_template") or {}),
         dense_folders=tuple(path / str(m.get("path", "")) for m in modules
                             if str(m.get("type", "")).endswith(".Dense")),
+        logit_score=_logit_score(path, modules),
     )
 
 
@@ -184,6 +187,20 @@ def _module_types(modules: list[dict[str, Any]], modules_file: Path) -> tuple[st
         # A listed folder may be absent (MiniLM lists a 2_Normalize folder it does not ship): fine.
         names.append(name)
     return tuple(names)
+
+
+def _logit_score(path: Path, modules: list[dict[str, Any]]) -> tuple[int, int] | None:
+    """The token ids a LogitScore module compares (its config.json's true_token_id and false_token_id)."""
+    for module in modules:
+        if str(module.get("type", "")).endswith(".LogitScore"):
+            config_file = path / str(module.get("path", "")) / "config.json"
+            config = _read_json(config_file)
+            ids = config.get("true_token_id"), config.get("false_token_id")
+            if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+                raise UnsupportedCheckpoint(f"{config_file}: a LogitScore module needs integer true_token_id and "
+                                            f"false_token_id")
+            return ids[0], ids[1]
+    return None
 
 
 def _read_pooling(path: Path) -> Pooling | None:

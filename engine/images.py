@@ -99,6 +99,9 @@ def decode(data: bytes, max_pixels: int):
 
     try:
         image = Image.open(io.BytesIO(data))
+    except Image.DecompressionBombError:  # Pillow's own bound (twice Image.MAX_IMAGE_PIXELS), checked at open
+        raise InvalidImage(f"the image has more pixels than Pillow opens ({2 * Image.MAX_IMAGE_PIXELS}); at most "
+                           f"{max_pixels} are allowed (--image-max-pixels)") from None
     except Exception as exc:  # Pillow raises several unrelated types for undecodable bytes
         raise InvalidImage(f"not an image Pillow can decode ({type(exc).__name__})") from None
     pixels = image.width * image.height

@@ -8,6 +8,7 @@ contiguous (the tower's patch merger concatenates such blocks). Runs on the requ
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,6 +88,31 @@ class QwenImageProcessor:
     def factor(self) -> int:
         """Both resized sides are multiples of this: one merged block of patches."""
         return self.patch_size * self.merge_size
+
+    @property
+    def token_bounds(self) -> tuple[int, int]:
+        """The fewest and most image tokens the pixel bounds allow (one token per factor x factor block)."""
+        block = self.factor ** 2
+        return -(-self.min_pixels // block), self.max_pixels // block
+
+    def with_token_bounds(self, min_tokens: int, max_tokens: int) -> QwenImageProcessor:
+        """This processor with its pixel bounds set from token bounds, as llama.cpp's --image-min-tokens /
+        --image-max-tokens set them: tokens x factor^2 pixels; a bound <= 0 keeps the checkpoint's."""
+        block = self.factor ** 2
+        min_pixels = min_tokens * block if min_tokens > 0 else self.min_pixels
+        max_pixels = max_tokens * block if max_tokens > 0 else self.max_pixels
+        if min_pixels > max_pixels:  # llama.cpp refuses such bounds too
+            low, high = self.token_bounds
+            if max_tokens <= 0:
+                problem = (f"--image-min-tokens {min_tokens} is above this model's most image tokens, {high} "
+                           f"(max_pixels {self.max_pixels} of its preprocessor_config.json); set --image-max-tokens too")
+            elif min_tokens <= 0:
+                problem = (f"--image-max-tokens {max_tokens} is below this model's fewest image tokens, {low} "
+                           f"(min_pixels {self.min_pixels} of its preprocessor_config.json); set --image-min-tokens too")
+            else:
+                problem = f"--image-min-tokens {min_tokens} is above --image-max-tokens {max_tokens}"
+            raise UnsupportedCheckpoint(problem)
+        return dataclasses.replace(self, min_pixels=min_pixels, max_pixels=max_pixels)
 
     def resized_size(self, height: int, width: int) -> tuple[int, int]:
         """The (height, width) an image is resized to: multiples of factor, area within the pixel bounds."""

@@ -31,6 +31,11 @@ class Pipeline(ABC):
         return self.launch(ids, mask, type_ids, lengths)()
 
 
+def spreads(model: nn.Module) -> bool:
+    """Whether the model has layers split into halves that a pass can put on two streams (engine/threads.py spread)."""
+    return any("halves" in layer for _, layer in model.named_modules())
+
+
 def _started(out: mx.array) -> mx.array:
     mx.async_eval(out)
     return out
@@ -47,6 +52,7 @@ class EmbeddingPipeline(Pipeline):
         self.pooling = pooling
         self.projection = projection
         self.pools_itself = bool(getattr(model, "pools_itself", False))  # the family's own head gives [B, D]
+        self.spreads = spreads(model)
 
     def launch(self, ids: np.ndarray, mask: np.ndarray, type_ids: np.ndarray, lengths: list[int]) -> Collect:
         """[B, W] right-padded -> one float32 vector [D] per row ([n_i, D] for pooling none)."""
@@ -84,6 +90,7 @@ class CrossEncoderPipeline(Pipeline):
 
     def __init__(self, model: nn.Module):
         self.model = model
+        self.spreads = spreads(model)
 
     def launch(self, ids: np.ndarray, mask: np.ndarray, type_ids: np.ndarray, lengths: list[int]) -> Collect:
         logits = _started(self.model(mx.array(ids), mx.array(mask), mx.array(type_ids)).astype(mx.float32))
@@ -111,6 +118,12 @@ class GenerativeRerankPipeline(Pipeline):
         for row, n in enumerate(lengths):
             left_ids[row, width - n:] = ids[row, :n]
             left_mask[row, width - n:] = 1
-        hidden = self.model(mx.array(left_ids), mx.array(left_mask))[:, -1, :]
+        return self._scored(self.model(mx.array(left_ids), mx.array(left_mask))[:, -1, :])
+
+    def launch_with_images(self, ids: np.ndarray, images: tuple[PreparedImage, ...]) -> Collect:
+        """One prompt holding images, ids [1, L] with its image tokens (engine/vlm_rerank.py) -> its score."""
+        return self._scored(self.model.embed_with_images(mx.array(ids), to_device(images))[:, -1, :])
+
+    def _scored(self, hidden: mx.array) -> Collect:
         scores = _started(mx.sigmoid(hidden.astype(mx.float32) @ self.direction.astype(mx.float32)))
         return lambda: list(np.array(scores))

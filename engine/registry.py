@@ -61,6 +61,7 @@ CROSS_ENCODERS = {
 # --embedding the same checkpoint is an embedder.
 GENERATIVE_RERANKERS = {
     "qwen3": "Qwen3ForCausalLM",
+    "qwen3_vl": "Qwen3VLForConditionalGeneration",  # Qwen3-VL-Reranker: images in the query and documents
 }
 
 # Without 1_Pooling/config.json: what sentence-transformers itself would do with a bare encoder.
@@ -94,7 +95,8 @@ class LoadedModel:
     image_size: int | None = None  # the square image side a vision tower takes; None: text only
     image_tokens: int = 0  # what one image counts as (its patches)
     projection: heads.Projection | None = None  # Dense modules applied after pooling
-    # vision-language families (engine/vlm.py): builds an input's prompt and images, (checkpoint, tokenizer) -> it
+    # vision-language families (engine/vlm.py): builds an input's prompt and images, (checkpoint, tokenizer) -> it;
+    # for a generative reranker, its (query, document) prompts holding images (engine/vlm_rerank.py)
     input_builder: Callable[..., InputBuilder] | None = None
     multi_vector: bool = False  # one normalized vector per token (late interaction)
 
@@ -201,7 +203,8 @@ def load(checkpoint: Checkpoint, kind: str | None = None, dtype: str = "auto") -
         n_positions=trunk.n_positions, hidden_size=projection.out_dims if projection else trunk.hidden_size,
         fixed_width=getattr(trunk, "fixed_width", None), image_size=getattr(trunk, "image_size", None),
         image_tokens=getattr(trunk, "image_tokens", 0), projection=projection,
-        input_builder=_input_builder(name) if kind == EMBEDDER else None,
+        input_builder=_input_builder(name) if kind == EMBEDDER else
+        _input_builder(f"{name}_reranker") if kind == GENERATIVE_RERANKER else None,
         multi_vector=bool(getattr(model, "multi_vector", False)),
     )
 

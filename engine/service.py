@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from engine import blas, checkpoint, limits, pooling, registry, shapes, threads
+from engine import blas, checkpoint, limits, malloc, pooling, registry, shapes, threads
 from engine.errors import (
     EmptyInput,
     InvalidInput,
@@ -26,6 +26,7 @@ from engine.pipeline import (
 )
 from engine.chat_inputs import ChatInputs
 from engine.images import ImageProcessor, InvalidImage, decode
+from engine.images_qwen import QwenImageProcessor
 from engine.prompts import INSTRUCTION_TEMPLATES, RerankPrompt, choose_prompt, default_prompt_name, format_prompts, is_text
 from engine.scheduler import BatchLimits, warm_widths
 from engine.tokenize import TextTokenizer, open_tokenizer
@@ -41,6 +42,7 @@ from engine.types import (
 )
 from engine.maxsim import maxsim_scores
 from engine.vlm import InputBuilder, PreparedInput
+from engine.vlm_rerank import PairBuilder, RerankSide
 from engine.worker import ImageWork, ItemResult, Runner, Worker
 
 log = logging.getLogger(__name__)
@@ -57,6 +59,26 @@ def _cost(item: list[int] | ImageWork | PreparedInput) -> int:
     return len(item.ids) if isinstance(item, PreparedInput) else len(item)
 
 
+def bound_image_tokens(builder: object, opts: EngineOptions, family: str) -> tuple[int, int] | None:
+    """--image-min-tokens / --image-max-tokens on a family's image processor; its token bounds after them.
+
+    They move the pixel bounds of a dynamic-resolution processor (Qwen2-VL's, which a builder keeps as
+    `processor`), as llama.cpp does. Other families resize to a fixed size or a tile grid, which llama.cpp does
+    not bound either: they are left as the reference makes them, and the log says so.
+    """
+    processor = getattr(builder, "processor", None)
+    if isinstance(processor, QwenImageProcessor):
+        builder.processor = processor.with_token_bounds(opts.image_min_tokens, opts.image_max_tokens)
+        return builder.processor.token_bounds
+    given = [flag for flag, value in (("--image-min-tokens", opts.image_min_tokens),
+                                      ("--image-max-tokens", opts.image_max_tokens)) if value > 0]
+    if given:
+        log.warning("%s: not used by the %s family, whose images have a fixed size or a tile grid; only "
+                    "dynamic-resolution models (Qwen3-VL, ColQwen2) take image token bounds", " and ".join(given),
+                    family)
+    return None
+
+
 class Engine:
     """One checkpoint served by one engine thread. Construction returns at once; the load runs there."""
 
@@ -65,7 +87,8 @@ class Engine:
         self.model_ref = options.model_path or options.hf_repo or ""
         self._info: ModelInfo | None = None
         self._tokenizer: TextTokenizer | None = None
-        self._prompt: RerankPrompt | None = None  # generative rerankers only
+        self._prompt: RerankPrompt | None = None  # generative text rerankers only
+        self._pairs: PairBuilder | None = None  # generative rerankers that take images: builds each pair
         self._probabilities = False  # the model's scores are already in [0, 1]
         self._chat: ChatInputs | None = None  # embedders whose texts go through their chat template
         self._chat_tails: dict[str | None, list[int]] = {}  # per system prompt: the template's closing tokens
@@ -77,13 +100,13 @@ class Engine:
         self._closing = False
         self.released = threading.Event()  # set once close() has freed the model's memory
         self._lanes, self._blas_threads = threads.plan(options.threads)
-        self._worker = Worker(self._load, options.max_queue_items, lanes=self._lanes, blas_threads=self._blas_threads)
+        self._worker = Worker(self._load, options.max_queue_items, lanes=self._lanes)
 
     # -- loading (runs on the engine thread) -------------------------------------------------------
     def _load(self) -> tuple[Runner, int, BatchLimits]:
         started = time.monotonic()
         opts = self.options
-        blas.set_threads(self._blas_threads)
+        blas.set_budget(self._blas_threads)
         ckpt = checkpoint.read(checkpoint.resolve(opts.model_path, opts.hf_repo, opts.offline, opts.hf_file),
                                label=opts.model_path or "")
         rank_mode = opts.pooling is Pooling.RANK
@@ -97,6 +120,7 @@ class Engine:
                 f"{ckpt.path}: {ckpt.architecture} is a reranker ({kind}), not an embedding model; "
                 f"start it with --reranking")
         embedder = kind == registry.EMBEDDER
+        token_bounds = None  # dynamic-resolution image processors: the fewest and most tokens of one image
         prompt_default = default_prompt_name(ckpt, opts.default_prompt_name) if embedder else None
         if embedder and ckpt.message_modality is not None:
             self._chat = ChatInputs(ckpt)
@@ -106,9 +130,13 @@ class Engine:
         self._probabilities = bool(getattr(loaded.model, "scores_are_probabilities", False))
         if kind == registry.GENERATIVE_RERANKER:
             mode = Pooling.RANK
-            self._prompt = RerankPrompt(ckpt, fallback=f"{loaded.family}_reranker.jinja")
-            runner: Runner = GenerativeRerankPipeline(loaded.model, self._single_token(tokenizer, "yes", ckpt),
-                                                      self._single_token(tokenizer, "no", ckpt), tokenizer.pad_id)
+            if loaded.input_builder is not None:  # its prompts hold images (engine/vision/<family>_reranker.py)
+                self._pairs = loaded.input_builder(ckpt, tokenizer)
+                token_bounds = bound_image_tokens(self._pairs, opts, loaded.family)
+            else:
+                self._prompt = RerankPrompt(ckpt, fallback=f"{loaded.family}_reranker.jinja")
+            yes_id, no_id = self._answer_tokens(tokenizer, ckpt)
+            runner: Runner = GenerativeRerankPipeline(loaded.model, yes_id, no_id, tokenizer.pad_id)
         elif kind == registry.CROSS_ENCODER:
             mode = Pooling.RANK
             runner = CrossEncoderPipeline(loaded.model)
@@ -130,8 +158,10 @@ class Engine:
             runner = EmbeddingPipeline(loaded.model, mode, loaded.projection)
             if loaded.input_builder is not None:
                 self._builder = loaded.input_builder(ckpt, tokenizer)
+                token_bounds = bound_image_tokens(self._builder, opts, loaded.family)
             if loaded.image_size:
                 self._images = ImageProcessor.from_checkpoint(ckpt.path, loaded.image_size)
+                bound_image_tokens(self._images, opts, loaded.family)
                 side = loaded.image_size  # run the vision tower once now, so no request compiles it
                 runner.launch_images(np.zeros((1, 3, side, side), np.float32))()
         n_positions = loaded.n_positions
@@ -154,16 +184,28 @@ class Engine:
             prompts=tuple(ckpt.prompts.items()) if embedder else (), default_prompt_name=prompt_default,
             instruction_template=INSTRUCTION_TEMPLATES.get(ckpt.model_type) if embedder else None,
             file_format="gguf" if ckpt.gguf is not None else "safetensors", chat_template_inputs=self._chat is not None,
-            modalities=("text", "image") if self._images is not None or self._builder is not None else ("text",),
-            image_tokens=loaded.image_tokens, vision_language=self._builder is not None,
+            modalities=("text", "image") if (self._images, self._builder, self._pairs) != (None, None, None)
+            else ("text",),
+            image_tokens=loaded.image_tokens, image_token_bounds=token_bounds, vision_language=self._builder is not None,
             multi_vector=loaded.multi_vector)
         log.info("loaded %s (%s, %s, %s) in %.2f s: pooling %s, %d params, per-input limit %d tokens, "
-                 "batches of up to %d rows / %d tokens, %d lanes sharing %d BLAS threads, BLAS: %s",
+                 "batches of up to %d rows / %d tokens, %d lanes sharing %d BLAS threads, BLAS: %s; %s",
                  ckpt.path, ckpt.model_type, ckpt.architecture or "-", loaded.kind, time.monotonic() - started,
                  mode.value, loaded.n_params, fitted.max_seq, fitted.max_rows, fitted.max_tokens, self._lanes,
-                 self._blas_threads, blas.description)
+                 self._blas_threads, blas.description, malloc.description)
         self.load_s = time.monotonic() - started
         return runner, tokenizer.pad_id, fitted
+
+    @classmethod
+    def _answer_tokens(cls, tokenizer: TextTokenizer, ckpt: checkpoint.Checkpoint) -> tuple[int, int]:
+        """The (yes, no) token ids a generative reranker compares: its LogitScore module's, else "yes" and "no"
+        as the tokenizer encodes them."""
+        if ckpt.logit_score is None:
+            return cls._single_token(tokenizer, "yes", ckpt), cls._single_token(tokenizer, "no", ckpt)
+        if not all(0 <= token < tokenizer.n_vocab for token in ckpt.logit_score):
+            raise UnsupportedCheckpoint(f"{ckpt.path}: the LogitScore module's token ids {ckpt.logit_score} are "
+                                        f"outside the vocabulary ({tokenizer.n_vocab} tokens)")
+        return ckpt.logit_score
 
     @staticmethod
     def _single_token(tokenizer: TextTokenizer, word: str, ckpt: checkpoint.Checkpoint) -> int:
@@ -332,21 +374,25 @@ class Engine:
 
     def _prepare(self, label: str, prompt: Sequence[str | int] | ImageInput, instruction: str | None) -> PreparedInput:
         """One text or image input through the family's input builder, its images decoded (bounded) first."""
-        if isinstance(prompt, ImageInput):
-            parts: list = []
-            for part in prompt.parts:
-                if isinstance(part, bytes):
-                    try:
-                        part = decode(part, self.options.image_max_pixels)
-                    except InvalidImage as exc:
-                        raise InvalidImage(f"{label}: {exc}") from None
-                parts.append(part)
-        else:
-            parts = list(prompt)
+        parts = self._decoded(label, prompt)
         try:
             return self._builder.build(parts, instruction)
         except InvalidImage as exc:
             raise InvalidImage(f"{label}: {exc}") from None
+
+    def _decoded(self, label: str, prompt: Sequence[str | int] | ImageInput) -> list:
+        """An input's parts with its images decoded, each bounded by --image-max-pixels before its pixels are."""
+        if not isinstance(prompt, ImageInput):
+            return list(prompt)
+        parts: list = []
+        for part in prompt.parts:
+            if isinstance(part, bytes):
+                try:
+                    part = decode(part, self.options.image_max_pixels)
+                except InvalidImage as exc:
+                    raise InvalidImage(f"{label}: {exc}") from None
+            parts.append(part)
+        return parts
 
     def embed(self, token_lists: Sequence[list[int] | ImageInput | PreparedInput], *, truncate: bool | None = None,
               timeout_s: float = 3600, labels: Sequence[str] | None = None) -> EmbedResult:
@@ -364,7 +410,7 @@ class Engine:
             token_lists = [self._prepare(_label(labels, i), item, None) if isinstance(item, ImageInput) else item
                            for i, item in enumerate(token_lists)]
         fitted = [self._image_work(_label(labels, i), item, info) if isinstance(item, ImageInput) else
-                  self._fit_prepared(item, info, cut) if isinstance(item, PreparedInput) else
+                  self._fit_prepared(_label(labels, i), item, info, cut) if isinstance(item, PreparedInput) else
                   self._fit(item, info, cut) for i, item in enumerate(token_lists)]
         preprocess_s = time.monotonic() - started
         results, timings = self._serve(fitted, None, timeout_s)
@@ -372,12 +418,16 @@ class Engine:
         return EmbedResult(vectors=[r.value for r in results], n_tokens=[_cost(item) for item in fitted],
                            timings=timings)
 
-    def _fit_prepared(self, prepared: PreparedInput, info: ModelInfo, truncate: bool) -> PreparedInput:
+    def _fit_prepared(self, label: str, prepared: PreparedInput, info: ModelInfo, truncate: bool) -> PreparedInput:
         """A built input within the per-input limit: a text-only one may be cut, one holding images may not
         (its image tokens are one block with the image's features)."""
         if not prepared.images:
             return PreparedInput(self._fit(prepared.ids, info, truncate))
         if len(prepared.ids) > info.max_input_tokens:
+            if truncate:  # asked to cut, but cannot: say why rather than only that it is too long
+                raise InvalidInput(f"{label} ({len(prepared.ids)} tokens, {prepared.image_tokens} of them its "
+                                   f"images') is over the per-input limit of {info.max_input_tokens} tokens, and an "
+                                   f"input holding images is never truncated: send less text or smaller images")
             self._too_long(len(prepared.ids), info)
         return prepared
 
@@ -410,7 +460,7 @@ class Engine:
         info = self.info
         if not info.is_reranker:
             raise InvalidInput("this server runs an embedding model: start a reranker with --reranking")
-        if instruction is not None and self._prompt is None:
+        if instruction is not None and info.kind != registry.GENERATIVE_RERANKER:
             raise InvalidInput("'instruction' is only used by generative rerankers; this one is a cross-encoder")
         self.check_count(len(documents))
         labelled = [("query", query), *((f"document {i}", doc) for i, doc in enumerate(documents))]
@@ -419,6 +469,9 @@ class Engine:
             raise InvalidInput(f"{images[0]} is an image, but this reranker "
                                f"({info.architecture or info.model_type}) scores text only")
         cut = self.options.truncate if truncate is None else truncate
+        if self._pairs is not None:
+            return self._rerank_pairs(query, documents, instruction or self.options.rerank_instruction, info, cut,
+                                      timeout_s)
         started = time.monotonic()
         if self._prompt is not None:
             task = instruction or self.options.rerank_instruction
@@ -436,6 +489,33 @@ class Engine:
         if self.options.rerank_sigmoid and info.kind == registry.CROSS_ENCODER and not self._probabilities:
             scores = [1.0 / (1.0 + math.exp(-s)) for s in scores]
         return RerankResult(scores=scores, n_tokens=[len(ids) for ids, _ in pairs], timings=timings)
+
+    def _rerank_pairs(self, query: RerankItem, documents: Sequence[RerankItem], instruction: str | None,
+                      info: ModelInfo, truncate: bool, timeout_s: float) -> RerankResult:
+        """A reranker whose prompts may hold images: each pair built by the family (images decoded and processed
+        here, the query's once); pairs holding images run alone in their pass, text-only pairs batch."""
+        started = time.monotonic()
+        query_side = self._rerank_side("query", query)
+        pairs = [self._pairs.pair(query_side, self._rerank_side(f"document {i}", document), instruction,
+                                  info.truncate_tokens if truncate else None)
+                 for i, document in enumerate(documents)]
+        for prepared in pairs:
+            if len(prepared.ids) > info.max_input_tokens:
+                self._too_long(len(prepared.ids), info)
+        work = [prepared if prepared.images else prepared.ids for prepared in pairs]
+        tokenize_s = time.monotonic() - started
+        results, timings = self._serve(work, None, timeout_s)
+        timings.tokenize_s = tokenize_s
+        return RerankResult(scores=[float(r.value) for r in results], n_tokens=[len(p.ids) for p in pairs],
+                            timings=timings)
+
+    def _rerank_side(self, label: str, item: RerankItem) -> RerankSide:
+        """The query or a document as the pair builder takes it, its images decoded (bounded) first."""
+        parts = self._decoded(label, [item] if isinstance(item, str) else item)
+        try:
+            return self._pairs.side(parts)
+        except InvalidImage as exc:
+            raise InvalidImage(f"{label}: {exc}") from None
 
     def _serve(self, token_lists: list[list[int]], type_lists: list[list[int]] | None,
                timeout_s: float) -> tuple[list[ItemResult], Timings]:

@@ -11,9 +11,12 @@ import logging
 import os
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import mlx.core as mx
+
+from engine.families.base import HELPER_STREAMS
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +33,30 @@ def plan(threads: int, cpu_count: int | None = None) -> tuple[int, int]:
     """-t/--threads -> (lanes, BLAS threads the lanes share); threads <= 0 means every core."""
     total = threads if threads > 0 else (cpu_count or os.cpu_count() or 1)
     return max(1, min(MAX_LANES, total)), total
+
+
+def _helper_stream() -> mx.Stream:
+    """This thread's second stream, for the half of a split layer that runs beside its own."""
+    stream = getattr(_streams, "helper", None)
+    if stream is None:
+        stream = _streams.helper = mx.new_stream(mx.default_device())
+    return stream
+
+
+@contextmanager
+def spread(n_streams: int) -> Iterator[None]:
+    """Graphs built inside on this thread put the second half of split layers on a helper stream when n_streams
+    is 2, so both halves compute at once (engine/families/base.py part_streams); 1 keeps them on the current
+    stream. The result bits are the same either way."""
+    if n_streams < 2:
+        yield
+        return
+    key = str(mx.default_stream(mx.default_device()))
+    HELPER_STREAMS[key] = _helper_stream()
+    try:
+        yield
+    finally:
+        HELPER_STREAMS.pop(key, None)
 
 
 def own_stream() -> mx.Stream:

@@ -50,6 +50,10 @@ class EngineOptions:
     rerank_instruction: str | None = None  # generative rerankers: the server-wide <Instruct> text
     default_prompt_name: str | None = None  # embedding models: the prompt texts get when a request names none
     image_max_pixels: int = 40_000_000  # an image with more pixels is refused from its header, before decoding
+    # dynamic-resolution image processors (Qwen2-VL's): the fewest / most tokens one image becomes; <= 0 = the
+    # checkpoint's own pixel bound (llama's --image-min-tokens / --image-max-tokens)
+    image_min_tokens: int = -1
+    image_max_tokens: int = -1
 
 
 @dataclass(frozen=True)
@@ -87,6 +91,7 @@ class ModelInfo:
     chat_template_inputs: bool = False  # texts are rendered with the checkpoint's chat template
     modalities: tuple[str, ...] = ("text",)  # what an input may be: "text", "image"
     image_tokens: int = 0  # a dual-encoder's image tower: what one image counts as (usage, batch budgets)
+    image_token_bounds: tuple[int, int] | None = None  # dynamic-resolution images: fewest and most tokens of one
     vision_language: bool = False  # text and images interleaved in one input, fed to a decoder (engine/vlm.py)
     multi_vector: bool = False  # late interaction: one L2-normalized vector per token, scored by MaxSim
 

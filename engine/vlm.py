@@ -12,7 +12,10 @@ such inputs:
    runs on the request thread, never the engine thread; a text-only input goes through it too (the family
    decides what a query looks like). `instruction` is the request's `instruction` (or the text of its
    `prompt_name` / the default prompt); a builder whose `takes_instruction` is False never receives one (the
-   engine refuses it first). Raise `engine.images.InvalidImage` for an image the processor cannot take.
+   engine refuses it first). Raise `engine.images.InvalidImage` for an image the processor cannot take. A
+   builder (or a reranker's pair builder) whose images get a dynamic resolution keeps its
+   `engine.images_qwen.QwenImageProcessor` as `processor`: at load the engine replaces it with one bounded by
+   --image-min-tokens / --image-max-tokens.
 2. The family file's `Model` (what registry.load builds) takes text-only batches as every family does,
    `model(ids [B, L], mask [B, L], type_ids) -> [B, L, D]`, and inputs holding images through
    `model.embed_with_images(ids [1, L], images: list[dict[str, mx.array]]) -> [1, L, D]`: one input per call

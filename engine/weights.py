@@ -89,6 +89,9 @@ def materialize(module: nn.Module, weights: dict[str, mx.array], quant: Quantiza
         module.load_weights(list(cast.items()), strict=True)
     except ValueError as exc:
         raise UnsupportedCheckpoint(f"{what}: weights do not match: {exc}") from exc
+    # layers that compute on a regrouping of their weights (engine/families/bert.py) build it once, here
+    for layer in [layer for _, layer in module.named_modules() if hasattr(layer, "split_halves")]:
+        layer.split_halves()
     mx.eval(module.parameters())
 
 

@@ -6,8 +6,9 @@ future per item. Inputs from concurrent requests share forward passes (engine/sc
 A lane is a thread with its own MLX stream. MLX runs the ops of one stream on one thread, and only BLAS
 calls spread over more, so with two lanes (each one BLAS thread) two passes compute at once and both cores
 work on every op: softmax, GELU, LayerNorm and copies too (measured on 2 cores: 1.2-1.3x the tokens/s of
-one lane with two BLAS threads). The BLAS threads (-t) are shared out at each launch: a pass computing alone
-gets them all (a single short request measured ~40% slower with one), passes computing together split them.
+one lane with two BLAS threads). A pass computing alone uses both cores as well: a model whose layers are split
+in halves (engine/families/bert.py) puts them on two streams of its lane (engine/threads.py spread), and any
+other model gets every BLAS thread. The threads of -t are shared out at each launch (engine/blas.py).
 """
 from __future__ import annotations
 
@@ -25,12 +26,14 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 import numpy as np
 
-from engine import blas, threads
+from engine import blas, malloc, threads
 from engine.errors import ForwardFailed, NotLoaded, OutOfMemory, QueueFull, ReplyTimeout, TooManyInputs
 from engine.scheduler import ALONE, IMAGES, TEXTS, BatchLimits, next_batch
 from engine.vlm import PreparedImage, PreparedInput
 
 log = logging.getLogger(__name__)
+
+SPREAD = 2  # streams a pass computing alone spreads over: the halves of split layers (engine/families/bert.py)
 
 # (ids [B, W], mask [B, W], token type ids [B, W], lengths) -> one result per row
 Runner = Callable[[np.ndarray, np.ndarray, np.ndarray, list[int]], list[np.ndarray]]  # or a Pipeline (launch + collect)
@@ -82,13 +85,11 @@ class WorkerStats:
 
 class Worker:
     def __init__(self, load: Callable[[], tuple[Runner, int, BatchLimits]], max_queue_items: int,
-                 name: str = "engine", lanes: int = 1, blas_threads: int = 0):
+                 name: str = "engine", lanes: int = 1):
         """`load` runs first on the engine thread and returns (runner, pad token id, fitted batch limits);
-        `lanes` threads then serve passes concurrently, each on its own MLX stream, sharing `blas_threads`
-        (0: the BLAS library's own setting, untouched)."""
+        `lanes` threads then serve passes concurrently, each on its own MLX stream (engine/blas.py shares the
+        threads of -t out over the passes computing)."""
         self._lanes = max(1, lanes)
-        self._blas_threads = blas_threads
-        self._computing = 0  # passes launched and not finished
         self._stats_lock = threading.Lock()  # lanes finish passes concurrently
         self._load = load
         self._limits = BatchLimits(max_tokens=1, max_rows=1)  # replaced by the load's before any batch
@@ -164,6 +165,7 @@ class Worker:
             self._runner = None
             mx.synchronize()
             mx.clear_cache()
+            malloc.release()
 
     def _serve(self) -> None:
         try:
@@ -240,15 +242,21 @@ class Worker:
         batch = [item for item in batch if item.future.set_running_or_notify_cancel()]
         if not batch:
             return None
-        self._started_computing()  # every launched pass is finished (and counted down) by _finish
+        # A pass computing alone spreads its split layers over two streams (both cores on every op); one
+        # beside another pass keeps to its lane's stream. Every launched pass gives its streams back in _finish.
+        streams = blas.pass_started(SPREAD if getattr(self._runner, "spreads", False) else 1)
         try:
-            if batch[0].pixels is not None:  # the scheduler never mixes images and texts
-                return self._launch_images(batch)
-            if batch[0].images:  # a vision-language input holding images: always alone in its pass
-                return self._launch_with_images(batch)
-            return self._launch_texts(batch)
+            with threads.spread(streams):
+                if batch[0].pixels is not None:  # the scheduler never mixes images and texts
+                    launched = self._launch_images(batch)
+                elif batch[0].images:  # a vision-language input holding images: always alone in its pass
+                    launched = self._launch_with_images(batch)
+                else:
+                    launched = self._launch_texts(batch)
         except Exception as exc:  # assembling the batch failed: that batch fails, the lane keeps serving
-            return _Launched(batch, None, time.monotonic(), max(item.n_tokens for item in batch), exc)
+            launched = _Launched(batch, None, time.monotonic(), max(item.n_tokens for item in batch), exc)
+        launched.streams = streams
+        return launched
 
     def _launch_texts(self, batch: list[WorkItem]) -> _Launched:
         width = self._limits.width(max(item.n_tokens for item in batch))
@@ -273,11 +281,6 @@ class Worker:
             return _Launched(batch, None, started, width, exc)
         return _Launched(batch, collect, started, width)
 
-    def _started_computing(self) -> None:
-        with self._stats_lock:
-            self._computing += 1
-            if self._lanes > 1 and self._blas_threads > 0:
-                blas.set_threads(max(1, self._blas_threads // self._computing))
 
     def _launch_images(self, batch: list[WorkItem]) -> _Launched:
         started = time.monotonic()
@@ -301,8 +304,7 @@ class Worker:
         try:
             self._deliver(launched)
         finally:
-            with self._stats_lock:
-                self._computing -= 1
+            blas.pass_finished(launched.streams)
 
     def _deliver(self, launched: _Launched) -> None:
         batch = launched.batch
@@ -384,3 +386,4 @@ class _Launched:
     started: float
     width: int  # padded width of the batch's rows
     error: Exception | None = None
+    streams: int = 1  # how many streams it computes on (blas.pass_started)

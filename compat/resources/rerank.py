@@ -5,12 +5,11 @@ import uuid
 
 import falcon
 
-from compat.errors import bad_request, check_client_batch
+from compat.errors import check_client_batch
 from compat.media import MediaPolicy, image_input, request_media_policy
 from compat.models import RERANK
 from compat.resources.leasing import model_request
 from compat.routing import Models
-from compat.wire.inputs import MediaRef
 from compat.wire.rerank import Item, parse_rerank_request, render_rerank_response
 from engine.types import ImageInput
 
@@ -38,9 +37,5 @@ class RerankResource:
 
 
 def _engine_item(label: str, item: Item, policy: MediaPolicy | None) -> str | ImageInput:
-    if isinstance(item, str):
-        return item
-    n_images = sum(isinstance(part, MediaRef) for part in item)
-    if n_images != 1:  # a reranker pairs the query with one page at a time
-        raise bad_request(f"{label} has {n_images} images; an input may hold one image")
-    return image_input(label, item, policy)
+    """The text, or the text pieces and fetched images in order (an item may hold several images)."""
+    return item if isinstance(item, str) else image_input(label, item, policy)

@@ -59,6 +59,8 @@ def render_props_response(settings: Settings, info: ModelInfo, version: str,
         "rows": info.batch_rows,
         "batch_tokens": info.batch_tokens,
         "widths": list(info.widths),
+        # dynamic-resolution images: the fewest and most tokens one image becomes (--image-min/max-tokens)
+        **({"image_tokens": dict(zip(("min", "max"), info.image_token_bounds))} if info.image_token_bounds else {}),
         **request_capabilities(info, prompt_texts=True),
     }
 

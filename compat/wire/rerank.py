@@ -18,10 +18,10 @@ Shapes, chosen by route and body:
   documents by itself, so this route truncates unless the request says `"truncate": false`.
 
 Documents are strings or {"text": ...} objects (Cohere, Jina). For rerankers that take images, the query and
-each document may also hold one image, in the embedding routes' forms: {"text"?, "image" or "image_url": url or
+each document may also hold images, in the embedding routes' forms: {"text"?, "image" or "image_url": url or
 {"url"}} objects (Jina, the seed's API; "image" wins over "image_url"), an OpenAI content part or a list of them,
-and llama's {"prompt_string", "multimodal_data"}; the image comes first and its text follows it, as the
-reference rerankers format an item. Any other reranker answers 400 naming the item (llama's multimodal
+and llama's {"prompt_string", "multimodal_data"}, their parts kept in order; an object's image comes first and
+its text follows it, as the reference rerankers format an item. Any other reranker answers 400 naming the item (llama's multimodal
 message). `return_documents` echoes a string as {"text": ...} and anything else as the request sent it (an
 image's data: URL or base64 included); TEI's `return_text` gives an item's text parts ("" for an image alone). Results are sorted by score descending, ties by ascending index (llama
 leaves ties unspecified), then cut to `top_n` (absent or null: all). `usage` counts the tokens of every

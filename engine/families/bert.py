@@ -16,6 +16,7 @@ from engine.families.base import (
     activation,
     attention,
     padding_mask,
+    part_streams,
     split_heads,
 )
 
@@ -107,6 +108,28 @@ class BertOutput(nn.Module):
         return self.LayerNorm(self.dense(x) + residual)
 
 
+class LayerHalf(nn.Module):
+    """Half of a layer's heads and half of its FFN, from the checkpoint's weights (BertLayer.split_halves).
+
+    Its outputs are partial sums: the two halves' attention (or FFN) outputs add up to the layer's. out and down
+    are stored input-major ([in, out]) so each half is a contiguous block of the checkpoint's matrix.
+    """
+
+    def __init__(self, qkv: nn.Linear, out: mx.array, up: nn.Linear, down: mx.array, n_heads: int, act):
+        super().__init__()
+        self.qkv, self.out, self.up, self.down = qkv, out, up, down
+        self.n_heads = n_heads
+        self.act = act
+
+    def attend(self, x: mx.array, mask: mx.array) -> mx.array:
+        b, length, _ = x.shape
+        q, k, v = self.qkv(x).reshape(b, length, 3, self.n_heads, -1).transpose(2, 0, 3, 1, 4)
+        return attention(q, k, v, mask) @ self.out
+
+    def feed_forward(self, h: mx.array) -> mx.array:
+        return self.act(self.up(h)) @ self.down
+
+
 class BertLayer(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
@@ -114,9 +137,50 @@ class BertLayer(nn.Module):
         self.intermediate = BertIntermediate(args)
         self.output = BertOutput(args)
 
+    def split_halves(self) -> None:
+        """Regroup the loaded weights into two halves (half the heads and half the FFN each), which the graph
+        places on two streams when a pass computes alone (engine/threads.py spread): both cores work on every op
+        of a single request. On one stream the halves run one after the other, with the same result bits.
+        q/k/v become one matmul per half. Layers that cannot be halved (an odd head count, quantized weights)
+        stay as they are."""
+        attn = self.attention.self
+        projections = (attn.query, attn.key, attn.value, self.attention.output.dense, self.intermediate.dense,
+                       self.output.dense)
+        d, inner = attn.query.weight.shape[0], self.intermediate.dense.weight.shape[0]
+        if attn.n_heads % 2 or inner % 2 or any(type(p) is not nn.Linear for p in projections):
+            return
+        halves = []
+        for i in range(2):
+            rows, inner_rows = slice(i * d // 2, (i + 1) * d // 2), slice(i * inner // 2, (i + 1) * inner // 2)
+            qkv = nn.Linear(d, 3 * d // 2)
+            qkv.weight = mx.concatenate([p.weight[rows] for p in (attn.query, attn.key, attn.value)])
+            qkv.bias = mx.concatenate([p.bias[rows] for p in (attn.query, attn.key, attn.value)])
+            up = nn.Linear(d, inner // 2)
+            up.weight, up.bias = self.intermediate.dense.weight[inner_rows], self.intermediate.dense.bias[inner_rows]
+            halves.append(LayerHalf(qkv, mx.contiguous(self.attention.output.dense.weight[:, rows].T), up,
+                                    mx.contiguous(self.output.dense.weight[:, inner_rows].T), attn.n_heads // 2,
+                                    self.intermediate.act))
+        mx.eval(halves[0].parameters(), halves[1].parameters())
+        self.halves = halves
+        self.attention_bias, self.output_bias = self.attention.output.dense.bias, self.output.dense.bias
+        # the halves replace these (the LayerNorms stay): the weights are held once
+        del self.attention["self"], self.attention.output["dense"], self["intermediate"], self.output["dense"]
+
     def __call__(self, x: mx.array, mask: mx.array) -> mx.array:
-        h = self.attention(x, mask)
-        return self.output(self.intermediate(h), h)
+        if "halves" not in self:
+            h = self.attention(x, mask)
+            return self.output(self.intermediate(h), h)
+        streams = part_streams(2)
+        parts = []
+        for half, stream in zip(self.halves, streams):
+            with mx.stream(stream):
+                parts.append(half.attend(x, mask))
+        h = self.attention.output.LayerNorm(parts[0] + parts[1] + self.attention_bias + x)
+        parts = []
+        for half, stream in zip(self.halves, streams):
+            with mx.stream(stream):
+                parts.append(half.feed_forward(h))
+        return self.output.LayerNorm(parts[0] + parts[1] + self.output_bias + h)
 
 
 class BertEncoder(nn.Module):

@@ -77,27 +77,40 @@ class Qwen3VLInputs(InputBuilder):
             raise InvalidInput(f"the model's chat template refused the input: {exc}") from exc
 
     def build(self, parts: Sequence, instruction: str | None = None) -> PreparedInput:
-        content, images = [], []
-        for part in parts:
-            if isinstance(part, str):
-                content.append({"type": "text", "text": part})
-                continue
-            image = self.processor.process(part)
-            images.append(PreparedImage({"pixel_values": image.pixel_values,
-                                         "image_grid_thw": np.array(image.grid_thw, dtype=np.int32)}, image.n_tokens))
-            content.append({"type": "image"})
+        content, images = content_items(self.processor, parts)
         ids = self.tokenizer.encode(self.render(content, instruction), add_special=False)
-        slots = [i for i, token in enumerate(ids) if token == self.image_token_id]
-        if len(slots) != len(images):
-            raise InvalidInput(f"the text holds {IMAGE_PAD}, which only an image may stand for")
-        expanded, start = [], 0
-        for slot, image in zip(slots, images):
-            expanded += ids[start:slot] + [self.image_token_id] * image.n_tokens
-            start = slot + 1
-        return PreparedInput(expanded + ids[start:], tuple(images))
+        return PreparedInput(expand_image_pads(ids, images, self.image_token_id), tuple(images))
 
 
-def input_builder(checkpoint: Checkpoint, tokenizer: TextTokenizer) -> Qwen3VLInputs:
+def content_items(processor: QwenImageProcessor, parts: Sequence) -> tuple[list[dict], list[PreparedImage]]:
+    """Text pieces and decoded images, in order -> a template's content items and the processed images."""
+    content, images = [], []
+    for part in parts:
+        if isinstance(part, str):
+            content.append({"type": "text", "text": part})
+            continue
+        image = processor.process(part)
+        images.append(PreparedImage({"pixel_values": image.pixel_values,
+                                     "image_grid_thw": np.array(image.grid_thw, dtype=np.int32)}, image.n_tokens))
+        content.append({"type": "image"})
+    return content, images
+
+
+def expand_image_pads(ids: list[int], images: Sequence[PreparedImage], image_token_id: int) -> list[int]:
+    """Each image's single <|image_pad|> -> the run of image tokens its features fill (a pad the text itself
+    spells is refused)."""
+    slots = [i for i, token in enumerate(ids) if token == image_token_id]
+    if len(slots) != len(images):
+        raise InvalidInput(f"the text holds {IMAGE_PAD}, which only an image may stand for")
+    expanded, start = [], 0
+    for slot, image in zip(slots, images):
+        expanded += ids[start:slot] + [image_token_id] * image.n_tokens
+        start = slot + 1
+    return expanded + ids[start:]
+
+
+def image_processor(checkpoint: Checkpoint, tokenizer: TextTokenizer) -> tuple[QwenImageProcessor, int]:
+    """The checkpoint's Qwen2-VL processor and its image token id (checked to be <|image_pad|>, one token)."""
     args = ModelArgs.from_dict(checkpoint.config)
     vision = args.vision
     processor = QwenImageProcessor.from_checkpoint(checkpoint.path, vision.patch_size, vision.temporal_patch_size,
@@ -105,7 +118,11 @@ def input_builder(checkpoint: Checkpoint, tokenizer: TextTokenizer) -> Qwen3VLIn
     if tokenizer.encode(IMAGE_PAD, add_special=False) != [args.image_token_id]:
         raise UnsupportedCheckpoint(f"{checkpoint.path}: {IMAGE_PAD} is not one token, image_token_id "
                                     f"{args.image_token_id}, in this tokenizer")
-    builder = Qwen3VLInputs(checkpoint, tokenizer, processor, args.image_token_id)
+    return processor, args.image_token_id
+
+
+def input_builder(checkpoint: Checkpoint, tokenizer: TextTokenizer) -> Qwen3VLInputs:
+    builder = Qwen3VLInputs(checkpoint, tokenizer, *image_processor(checkpoint, tokenizer))
     if builder.render([{"type": "image"}], None).count(IMAGE_PAD) != 1:
         raise UnsupportedCheckpoint(f"{checkpoint.path}: the chat template does not write one {IMAGE_PAD} per "
                                     "image item")

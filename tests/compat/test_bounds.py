@@ -148,10 +148,7 @@ def test_metrics_show_each_models_load_on_a_several_model_server(tmp_path):
     held = threading.Thread(target=server.embed, args=("minilm",))
     held.start()
     try:
-        for _ in range(1000):
-            if server.engines.of("minilm") and server.engines.of("minilm")[0].entered.is_set():
-                break
-            time.sleep(0.01)
+        assert server.engines.first_made("minilm").entered.wait(10)
         metrics = parse_metrics(server.client.simulate_get("/metrics").text)
         assert metrics['mlx_embed:in_use{model="minilm"}'] == "1" and metrics['mlx_embed:in_use{model="tiny"}'] == "0"
         assert metrics["mlx_embed:requests_in_flight"] == "1"

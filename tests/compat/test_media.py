@@ -78,6 +78,35 @@ def test_files_outside_the_media_path_are_refused(tree, media_path, url, message
         load(url.format(root=tree), policy(media_path))
 
 
+@pytest.mark.parametrize("media_path,url,outcome", [
+    # llama.cpp's test_security.py test_local_media_file cases (mtmd/test-1.jpeg under the media path)
+    (None, "file://mtmd/test-1.jpeg", "file:// URLs are not allowed unless"),
+    ("tools", "file://mtmd/test-1.jpeg", None),
+    ("tools", "file:////mtmd//test-1.jpeg", None),  # the same file: read relative to the media path
+    ("tools", "file://mtmd/notfound.jpeg", "does not exist"),
+    ("tools", "file://../mtmd/test-1.jpeg", "must not contain '..'"),
+])
+def test_llama_cpp_security_cases(tmp_path, monkeypatch, media_path, url, outcome):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tools" / "mtmd").mkdir(parents=True)
+    (tmp_path / "tools" / "mtmd" / "test-1.jpeg").write_bytes(PNG)
+    (tmp_path / "mtmd").mkdir()
+    (tmp_path / "mtmd" / "test-1.jpeg").write_bytes(PNG + b"outside")  # what '..' would reach
+    if outcome is None:
+        assert load(url, policy(media_path)) == PNG
+    else:
+        with pytest.raises(ValueError, match=re.escape(outcome)):
+            load(url, policy(media_path))
+
+
+def test_absolute_paths_outside_the_media_path_are_refused_not_looked_up(tree):
+    with pytest.raises(ValueError, match="outside --media-path"):
+        load("file:///etc/passwd", policy("tmp/allowed"))
+    (tree / "tmp" / "allowed" / "etc").mkdir()
+    (tree / "tmp" / "allowed" / "etc" / "passwd").write_bytes(PNG)
+    assert load("file:///etc/passwd", policy("tmp/allowed")) == PNG  # llama.cpp's reading: under the media path
+
+
 def test_symlinks_are_resolved_before_the_check(tree):
     os.symlink(tree / "tmp" / "outside.png", tree / "tmp" / "allowed" / "escape.png")
     os.symlink(tree / "tmp" / "allowed" / "inside.png", tree / "tmp" / "allowed" / "alias.png")

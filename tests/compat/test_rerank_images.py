@@ -31,15 +31,17 @@ def test_image_documents_and_an_image_query_in_every_form(make_client, path):
     documents = ["a chart of revenue", {"image": URL, "text": "revenue"},
                  {"type": "image_url", "image_url": {"url": URL}},
                  [{"type": "text", "text": "revenue "}, {"type": "image_url", "image_url": URL}],
-                 {"prompt_string": "<__media__>revenue", "multimodal_data": [B64]}]
+                 {"prompt_string": "<__media__>revenue", "multimodal_data": [B64]},
+                 [{"type": "image_url", "image_url": URL}, {"type": "text", "text": " vs "},
+                  {"type": "image_url", "image_url": URL}]]
     res = client.simulate_post(path, json={"query": {"text": "revenue", "image_url": {"url": URL}},
                                            "documents": documents})
     assert res.status_code == 200, res.text
     call = engine.rerank_calls[-1]
-    image = ImageInput.image(PNG)
-    assert call["query"] == ImageInput((PNG, "revenue"))
-    assert call["documents"] == ["a chart of revenue", ImageInput((PNG, "revenue")), image,
-                                 ImageInput(("revenue ", PNG)), ImageInput((PNG, "revenue"))]
+    assert call["query"] == ImageInput((PNG, "revenue"))  # the image first, its text after
+    assert call["documents"] == ["a chart of revenue", ImageInput((PNG, "revenue")), ImageInput.image(PNG),
+                                 ImageInput(("revenue ", PNG)), ImageInput((PNG, "revenue")),
+                                 ImageInput((PNG, " vs ", PNG))]
     scores = [pair_score(item_words(call["query"]), item_words(d)) for d in call["documents"]]
     assert {r["index"]: r["relevance_score"] for r in res.json["results"]} == dict(enumerate(scores))
 
@@ -77,7 +79,6 @@ def test_sources_follow_the_media_rules_and_errors_name_the_item(make_client, tm
         ({"image": "http://127.0.0.1:9/a.png"}, "document 1: http(s) image URLs are not allowed unless the server is "
                                                  "started with --allow-remote-media"),
         ({"image": "not base64!"}, "document 1: the image is not a data: URL, a file:// or http(s):// URL, or base64"),
-        ([{"type": "image_url", "image_url": URL}] * 2, "document 1 has 2 images; an input may hold one image"),
     ]:
         res = client.simulate_post("/rerank", json={"query": "q", "documents": ["a", document]})
         assert error(res) == (400, message)

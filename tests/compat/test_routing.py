@@ -3,6 +3,7 @@ engines are fakes: routing by id and alias, defaults per route, errors, /models,
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -75,6 +76,14 @@ class Engines:
 
     def of(self, name: str) -> list[FakeEngine]:
         return [engine for options, engine in self.made if Path(options.model_path).name == name]
+
+    def first_made(self, name: str, timeout_s: float = 10) -> FakeEngine:
+        """The first engine made for a folder, waiting for a request on another thread to make it."""
+        deadline = time.monotonic() + timeout_s
+        while not self.of(name):
+            assert time.monotonic() < deadline, f"no engine was made for {name}"
+            time.sleep(0.005)
+        return self.of(name)[0]
 
 
 PRESET = """
@@ -214,7 +223,7 @@ def test_a_reload_lets_the_request_in_flight_finish_on_the_engine_it_started_wit
     server.engines.gated.add("minilm")
     with ThreadPoolExecutor(1) as pool:
         in_flight = pool.submit(server.embed, "minilm")
-        old = server.engines.of("minilm")[0]
+        old = server.engines.first_made("minilm")
         assert old.entered.wait(10)
         # minilm changes (a new engine), tiny goes away, ce stays, bge arrives
         server.preset.write_text(PRESET.replace("[tiny]\nmodel = /models/tiny\n", "[bge]\nmodel = /models/bge\n")

@@ -348,6 +348,25 @@ def test_ignored_options_env_is_not_read():
     assert parse([], {"LLAMA_ARG_N_GPU_LAYERS": "garbage", "LLAMA_ARG_JINJA": "maybe"}) == Settings()
 
 
+# --- image token bounds ----------------------------------------------------------------------------------------
+
+def test_image_token_bounds_from_every_layer(tmp_path):
+    assert (parse().image_min_tokens, parse().image_max_tokens) == (-1, -1)  # the checkpoint's bounds
+    options = parse(["--image-min-tokens", "64", "--image-max-tokens", "256"]).engine_options("m")
+    assert (options.image_min_tokens, options.image_max_tokens) == (64, 256)
+    s = parse([], {"LLAMA_ARG_IMAGE_MIN_TOKENS": "8", "LLAMA_ARG_IMAGE_MAX_TOKENS": "1024"})
+    assert (s.image_min_tokens, s.image_max_tokens) == (8, 1024)
+    s = parse(files=[ini(tmp_path, "c.ini", "image-max-tokens = 300\n")])
+    assert (s.image_min_tokens, s.image_max_tokens) == (-1, 300)
+    assert parse(["--image-min-tokens", "500", "--image-max-tokens", "0"]).image_max_tokens == 0  # 0: unset
+
+
+def test_image_min_tokens_above_the_max_is_refused():
+    with pytest.raises(SettingsError, match=r"invalid value for --image-max-tokens: 100 is below "
+                                            r"--image-min-tokens \(200\)"):
+        parse(["--image-min-tokens", "200", "--image-max-tokens", "100"])
+
+
 # --- config files ----------------------------------------------------------------------------------------------
 
 def test_ini_sections_that_apply(tmp_path):
@@ -515,16 +534,19 @@ def test_offline_commands_pass_their_shared_options_to_the_engine_as_the_server_
     Settings.engine_options: the same EngineOptions values a server with the same flags runs with."""
     from compat.settings import EmbedCommand, RerankCommand, parse_command
 
-    flags = ["--offline", "-ub", "128", "--truncate", "--max-seq", "100", "-t", "3"]
+    flags = ["--offline", "-ub", "128", "--truncate", "--max-seq", "100", "-t", "3", "--image-min-tokens", "64",
+             "--image-max-tokens", "256"]
     embed = parse_command(EmbedCommand, ["-m", "/m", "-p", "x", "--pooling", "cls", "--max-batch-tokens", "2048",
                                          "--dimensions", "8", "--embd-normalize", "1", "--batch-size", "4", *flags])
     server = parse_settings(["-m", "/m", "--embedding", "--pooling", "cls", "--max-batch-tokens", "2048", *flags],
                             {}, system_config_files=[]).engine_options(None)
     assert embed.engine_kwargs() == {name: getattr(server, name) for name in (
-        "offline", "pooling", "ubatch_tokens", "truncate", "max_batch_tokens", "max_seq", "threads")}
+        "offline", "pooling", "ubatch_tokens", "truncate", "max_batch_tokens", "max_seq", "threads",
+        "image_min_tokens", "image_max_tokens")}
     assert embed.encode_kwargs() == {"normalize": 1, "dimensions": 8, "prompt_name": None, "instruction": None,
                                      "batch_size": 4}
     rerank = parse_command(RerankCommand, ["-hf", "org/name", "-q", "q", "-d", "d", "--rerank-sigmoid", *flags])
     assert rerank.engine_kwargs() == {"offline": True, "ubatch_tokens": 128, "truncate": True, "max_seq": 100,
-                                      "threads": 3, "rerank_sigmoid": True}
+                                      "threads": 3, "image_min_tokens": 64, "image_max_tokens": 256,
+                                      "rerank_sigmoid": True}
     assert rerank.engine_settings().hf_repo == "org/name"  # the model reference goes to the loader, not here

@@ -57,13 +57,14 @@ def processors(request, tmp_path_factory):
     return ours, transformers.Qwen2VLImageProcessorPil.from_pretrained(folder)
 
 
-def reference(processor, data: bytes, drop_alpha: bool = False):
+def reference(processor, data: bytes, drop_alpha: bool = False, size: dict | None = None):
+    """size: the pixel bounds for this call ({"shortest_edge": min_pixels, "longest_edge": max_pixels})."""
     from PIL import Image
 
     image = Image.open(io.BytesIO(data))
     if drop_alpha:  # what colpali-engine's ColQwen2.5 processor does before the image processor
         image = image.convert("RGB")
-    out = processor([image], return_tensors="np")
+    out = processor([image], return_tensors="np", **({"size": size} if size else {}))
     return out["pixel_values"], tuple(int(x) for x in out["image_grid_thw"][0])
 
 
@@ -122,6 +123,23 @@ def test_limits_and_bad_images_are_refused(processors):
         ours(encode(20, 20, "RGB", seed=0), max_pixels=100)
     with pytest.raises(InvalidImage, match="not an image"):
         ours(b"GIF89a nonsense", max_pixels=10**7)
+    # refused from the header alone, its pixels never decompressed: over our bound, and over Pillow's own
+    with pytest.raises(InvalidImage, match=r"1000000 pixels \(1000000x1\), more than the 100 allowed"):
+        ours(png_header(1_000_000, 1), max_pixels=100)
+    with pytest.raises(InvalidImage, match=r"more pixels than Pillow opens .* at most 100 are allowed"):
+        ours(png_header(100_000, 100_000), max_pixels=100)
+
+
+def png_header(width: int, height: int) -> bytes:
+    """The signature, IHDR and a first IDAT chunk of a PNG claiming width x height pixels: enough to open."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", b"\0" * 4))
 
 
 def test_checkpoint_bounds_and_geometry(tmp_path):
@@ -140,3 +158,68 @@ def test_checkpoint_bounds_and_geometry(tmp_path):
         load({"patch_size": 14}, patch_size=16)
     with pytest.raises(UnsupportedCheckpoint, match="'SiglipImageProcessor' is not supported"):
         load({"image_processor_type": "SiglipImageProcessor"})
+
+
+# (--image-min-tokens, --image-max-tokens): both set, only one (the other stays the checkpoint's), a bound that
+# meets the image's own size, one token at most
+TOKEN_BOUNDS = [(2, 6), (-1, 5), (12, -1), (30, 30), (1, 1), (0, 4)]
+
+
+@pytest.mark.parametrize("bounds", TOKEN_BOUNDS)
+def test_token_bounds_give_the_reference_with_those_pixel_bounds(processors, bounds):
+    """llama.cpp's reading: N tokens are N x (patch x merge)^2 pixels; the reference gets those pixel bounds."""
+    ours, theirs = processors
+    bounded = ours.with_token_bounds(*bounds)
+    block = ours.factor ** 2
+    size = {"shortest_edge": bounds[0] * block if bounds[0] > 0 else ours.min_pixels,
+            "longest_edge": bounds[1] * block if bounds[1] > 0 else ours.max_pixels}
+    low, high = bounded.token_bounds
+    for width, height in [(37, 91), (300, 17), (5, 5), (1000, 700), (130, 129)]:
+        data = encode(width, height, "RGB", seed=width)
+        got = bounded(data, max_pixels=10**7)
+        pixels, grid = reference(theirs, data, size=size)
+        assert got.grid_thw == grid
+        np.testing.assert_allclose(got.pixel_values, pixels, atol=1e-6, rtol=0)
+        assert got.n_tokens == int(np.prod(grid)) // 4
+        if (width, height) == (1000, 700):  # shrunk to the maximum (rounding down)
+            assert got.n_tokens <= high
+        if (width, height) == (5, 5):  # grown to the minimum (rounding up, which may pass a close maximum)
+            assert got.n_tokens >= low
+
+
+def test_unset_token_bounds_keep_the_checkpoint_and_crossed_ones_are_refused(processors):
+    ours, _ = processors
+    assert ours.with_token_bounds(-1, 0) == ours
+    low, high = ours.token_bounds
+    with pytest.raises(UnsupportedCheckpoint, match=rf"--image-min-tokens {high + 1} is above this model's most "
+                                                    rf"image tokens, {high} .*set --image-max-tokens too"):
+        ours.with_token_bounds(high + 1, -1)
+    if low > 1:
+        with pytest.raises(UnsupportedCheckpoint, match=rf"--image-max-tokens 1 is below this model's fewest image "
+                                                        rf"tokens, {low} .*set --image-min-tokens too"):
+            ours.with_token_bounds(-1, 1)
+    with pytest.raises(UnsupportedCheckpoint, match="--image-min-tokens 9 is above --image-max-tokens 8"):
+        ours.with_token_bounds(9, 8)
+
+
+def test_the_engine_bounds_dynamic_resolution_processors_only(processors, caplog):
+    """A builder holding a Qwen2-VL processor gets the bounded one; any other family's processor (a fixed size,
+    a tile grid) is left alone and the log names the options it does not use."""
+    from types import SimpleNamespace
+
+    from engine.service import bound_image_tokens
+    from engine.types import EngineOptions
+
+    ours, _ = processors
+    options = EngineOptions(image_min_tokens=2, image_max_tokens=6)
+    builder = SimpleNamespace(processor=ours)
+    assert bound_image_tokens(builder, options, "qwen3_vl") == (2, 6)
+    assert builder.processor == ours.with_token_bounds(2, 6)
+    assert bound_image_tokens(SimpleNamespace(processor=ours), EngineOptions(), "qwen3_vl") == ours.token_bounds
+    assert not caplog.records
+    fixed = SimpleNamespace(processor=object())
+    assert bound_image_tokens(fixed, options, "llama_nemotron_vl") is None
+    assert bound_image_tokens(fixed, EngineOptions(), "idefics3") is None  # unset: nothing to say
+    assert [r.getMessage() for r in caplog.records] == [
+        "--image-min-tokens and --image-max-tokens: not used by the llama_nemotron_vl family, whose images have a "
+        "fixed size or a tile grid; only dynamic-resolution models (Qwen3-VL, ColQwen2) take image token bounds"]

@@ -129,14 +129,15 @@ def png_image(width: int, height: int, seed: int) -> bytes:
     return out.getvalue()
 
 
-def embedding_reference(folder: Path, model):
+def embedding_reference(folder: Path, model, pixel_bounds: tuple[int, int] | None = None):
     """parts (text and encoded images, in order), instruction -> the reference's normalized vector and the
-    length of its token sequence."""
+    length of its token sequence. pixel_bounds: (min_pixels, max_pixels) in place of the checkpoint's."""
     from PIL import Image
     from transformers import AutoTokenizer, Qwen2VLImageProcessorPil
 
     tok = AutoTokenizer.from_pretrained(str(folder))
-    processor = Qwen2VLImageProcessorPil.from_pretrained(str(folder))
+    size = {"shortest_edge": pixel_bounds[0], "longest_edge": pixel_bounds[1]} if pixel_bounds else None
+    processor = Qwen2VLImageProcessorPil.from_pretrained(str(folder), **({"size": size} if size else {}))
 
     def vector(parts, instruction: str = DEFAULT_INSTRUCTION) -> tuple[np.ndarray, int]:
         content, images = [], []

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from safetensors import safe_open
 
-from engine import Pooling
+from engine import Pooling, checkpoint, registry, threads
 from engine.errors import UnsupportedCheckpoint
 from engine.families import bert
 from tests.engine.helpers import cosine, hf_hidden, load_hf_model, make_random_bert, start_engine
@@ -134,6 +134,21 @@ def test_random_bert_activation_matters_at_this_tolerance(random_bert):
         layer.intermediate.intermediate_act_fn = ACT2FN["gelu_new" if act == "gelu" else "gelu"]
     ids = [101, *range(2000, 2060), 102]
     assert np.abs(hf_hidden(ref, ids) - hf_hidden(other, ids)).max() > 5 * ATOL
+
+
+def test_split_layers_give_the_same_bits_on_one_stream_or_two(random_bert):
+    """The layers are computed in halves (BertLayer.split_halves); a pass computing alone puts them on two
+    streams (engine/threads.py spread): the result bits are the same as on one, and match transformers."""
+    _, path, _, ref = random_bert
+    model = registry.load(checkpoint.read(path)).model
+    assert all("halves" in layer for layer in model.encoder.layer)
+    ids = [101, *range(2000, 2030), 102]
+    x, mask = mx.array([ids]), mx.ones((1, len(ids)), dtype=mx.int32)
+    one = np.array(model(x, mask))
+    with threads.spread(2):
+        two = np.array(model(x, mask))
+    assert np.array_equal(one, two)
+    np.testing.assert_allclose(two[0], hf_hidden(ref, ids), rtol=0, atol=ATOL)
 
 
 # -- pieces of the family file -----------------------------------------------------------------------------

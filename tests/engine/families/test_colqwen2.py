@@ -54,14 +54,15 @@ def engine(colpali):
     eng.close()
 
 
-def reference_inputs(folder, tokenizer, text: str, images: list[bytes]) -> dict:
+def reference_inputs(folder, tokenizer, text: str, images: list[bytes], size: dict | None = None) -> dict:
     """The torch model's inputs as colpali-engine's processor makes them: each page converted to RGB, then
-    Qwen2-VL's image processor; each <|image_pad|> of the text repeated per merged patch block of its image."""
+    Qwen2-VL's image processor; each <|image_pad|> of the text repeated per merged patch block of its image.
+    size: pixel bounds ({"shortest_edge": min_pixels, "longest_edge": max_pixels}) in place of the checkpoint's."""
     import torch
     import transformers
     from PIL import Image
 
-    processor = transformers.Qwen2VLImageProcessorPil.from_pretrained(folder)
+    processor = transformers.Qwen2VLImageProcessorPil.from_pretrained(folder, **({"size": size} if size else {}))
     processed = [processor([Image.open(io.BytesIO(data)).convert("RGB")], return_tensors="pt") for data in images]
     pieces = text.split("<|image_pad|>")
     assert len(pieces) == len(images) + 1
@@ -77,12 +78,12 @@ def reference_inputs(folder, tokenizer, text: str, images: list[bytes]) -> dict:
     return inputs
 
 
-def reference_rows(colpali, text: str, images: list[bytes] = ()) -> np.ndarray:
+def reference_rows(colpali, text: str, images: list[bytes] = (), size: dict | None = None) -> np.ndarray:
     import torch
 
     folder, reference, tokenizer = colpali
     with torch.no_grad():
-        return reference(**reference_inputs(folder, tokenizer, text, list(images)))[0].numpy()
+        return reference(**reference_inputs(folder, tokenizer, text, list(images), size))[0].numpy()
 
 
 BLOCK = "<|vision_start|><|image_pad|><|vision_end|>"
@@ -203,6 +204,22 @@ def test_transformers_retrieval_export(tmp_path, base):
                   reference(**inputs[1], position_ids=positions).embeddings[0].numpy()]
     for row, expected in zip(ours, theirs, strict=True):
         assert_rows_match(row, expected)
+
+
+def test_image_token_bounds_give_colpali_with_those_pixel_bounds(colpali):
+    """--image-min-tokens 10 grows the 4-token page, --image-max-tokens 16 shrinks the 35-token one (both to 12): the rows are
+    colpali-engine's with Qwen2-VL's processor bounded to 10 x 28^2 .. 16 x 28^2 pixels."""
+    eng = start_engine(colpali[0], image_min_tokens=10, image_max_tokens=16)
+    try:
+        result = eng.embed_prompts([ImageInput.image(PAGES[0]), ImageInput.image(PAGES[2])])
+    finally:
+        eng.close()
+    size = {"shortest_edge": 10 * 28 * 28, "longest_edge": 16 * 28 * 28}
+    page_prompt = document(BLOCK, "Describe the image.")
+    for ours, data in zip(result.vectors, (PAGES[0], PAGES[2]), strict=True):
+        assert_rows_match(ours, reference_rows(colpali, page_prompt, [data], size))
+    default = [len(reference_rows(colpali, page_prompt, [data])) for data in (PAGES[0], PAGES[2])]
+    assert [len(rows) - n for rows, n in zip(result.vectors, default)] == [12 - 35, 12 - 4]  # 3 x 4, 4 x 3 blocks
 
 
 def test_limits_and_refusals(colpali, engine, tmp_path):

@@ -81,6 +81,17 @@ def test_the_image_pad_token_in_text_is_refused(engine):
         engine.embed_prompts([[f"sneaky {IMAGE_PAD}"]])
 
 
+def test_an_over_long_input_holding_images_is_refused_even_when_truncating(engine):
+    from engine.errors import InputTooLong, InvalidInput
+
+    long_text = "word " * (engine.info.max_input_tokens + 10)
+    with pytest.raises(InvalidInput, match="input 1 .* is never truncated: send less text or smaller images"):
+        engine.embed_prompts([["short"], ImageInput((IMAGES[0], long_text))], truncate=True)
+    with pytest.raises(InputTooLong):
+        engine.embed_prompts([ImageInput((IMAGES[0], long_text))], truncate=False)
+    assert engine.embed_prompts([[long_text]], truncate=True).n_tokens == [engine.info.truncate_tokens]
+
+
 def test_detection_and_what_the_engine_reports(engine, tmp_path):
     import json
 
