@@ -26,6 +26,11 @@ def test_data_urls_and_bare_base64():
     assert load(f"data:image/png;base64,{B64}", policy()) == PNG
     assert load(B64, policy()) == PNG
     assert load(B64[:20] + "\n" + B64[20:], policy()) == PNG  # wrapped base64
+    exact = bytes(999)  # 999 bytes (padded base64), wrapped every 76 characters: within the 1000 allowed
+    text = base64.b64encode(exact).decode()
+    assert load("\n".join(text[i:i + 76] for i in range(0, len(text), 76)), policy()) == exact
+    with pytest.raises(ValueError, match="larger than the 998 bytes allowed"):
+        load(text, policy(max_bytes=998))
 
 
 @pytest.mark.parametrize("source,message", [
