@@ -77,8 +77,10 @@ def test_a_vector_does_not_depend_on_its_batch(engine):
 def test_the_image_pad_token_in_text_is_refused(engine):
     from engine.errors import InvalidInput
 
-    with pytest.raises(InvalidInput, match="only an image"):
-        engine.embed_prompts([[f"sneaky {IMAGE_PAD}"]])
+    with pytest.raises(InvalidInput, match="^input 1: the text holds .*, which only an image"):
+        engine.embed_prompts([["fine"], [f"sneaky {IMAGE_PAD}"]])
+    with pytest.raises(InvalidInput, match="^input 0: the text holds"):
+        engine.embed_prompts([ImageInput((IMAGES[0], f"sneaky {IMAGE_PAD}"))])
 
 
 def test_an_over_long_input_holding_images_is_refused_even_when_truncating(engine):
