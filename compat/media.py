@@ -117,7 +117,9 @@ def _remote(url: str, policy: MediaPolicy) -> bytes:
     chunks, size = [], 0
     try:
         with urllib.request.urlopen(request, timeout=policy.timeout_s) as response:  # noqa: S310 (operator-enabled)
-            while chunk := response.read(1 << 16):
+            # read1: what one receive brings (read(n) would wait for n bytes, so a server trickling bytes could
+            # hold the request far past --media-timeout; each receive is bounded by the socket timeout)
+            while chunk := response.read1(1 << 16):
                 size += len(chunk)
                 if size > policy.max_bytes:
                     raise ValueError(f"the image is larger than the {policy.max_bytes} bytes allowed "

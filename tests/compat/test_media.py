@@ -6,6 +6,7 @@ import http.server
 import os
 import re
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -122,9 +123,20 @@ def test_symlinks_are_resolved_before_the_check(tree):
 
 @pytest.fixture(scope="module")
 def loopback():
-    """A loopback HTTP server: /small.png, /big.png, anything else 404."""
+    """A loopback HTTP server: /small.png, /big.png, /slow.png (a byte every 0.1 s), anything else 404."""
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 (http.server's name)
+            if self.path == "/slow.png":
+                self.send_response(200)
+                self.end_headers()
+                try:
+                    for byte in PNG[:40]:
+                        self.wfile.write(bytes([byte]))
+                        self.wfile.flush()
+                        time.sleep(0.1)
+                except OSError:  # the client gave up, as it should
+                    pass
+                return
             body = {"/small.png": PNG, "/big.png": PNG * 100}.get(self.path)
             self.send_response(200 if body else 404)
             self.end_headers()
@@ -140,6 +152,13 @@ def loopback():
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
     thread.join()
+
+
+def test_a_trickling_download_stops_at_the_media_timeout(loopback):
+    started = time.monotonic()
+    with pytest.raises(ValueError, match="took longer than 0.5 s"):
+        load(f"{loopback}/slow.png", MediaPolicy.create(None, True, 1000, timeout_s=0.5))
+    assert time.monotonic() - started < 2.5  # the whole trickle would take 4 s
 
 
 def test_remote_images_only_when_allowed_and_bounded(loopback):
