@@ -94,13 +94,14 @@ def _local_file(url: str, policy: MediaPolicy) -> bytes:
         raise ValueError(f"file path is not allowed: {raw} is outside --media-path")
     if not resolved.is_file():
         raise ValueError(f"file does not exist or cannot be opened: {raw}")
-    size = resolved.stat().st_size
-    if size > policy.max_bytes:
-        raise ValueError(f"{raw} has {size} bytes, more than the {policy.max_bytes} allowed (--media-max-bytes)")
     try:
-        return resolved.read_bytes()
+        with resolved.open("rb") as file:  # read up to the bound, whatever its size said (it may be growing)
+            data = file.read(policy.max_bytes + 1)
     except OSError:
         raise ValueError(f"file does not exist or cannot be opened: {raw}") from None
+    if len(data) > policy.max_bytes:
+        raise ValueError(f"{raw} has more than the {policy.max_bytes} bytes allowed (--media-max-bytes)")
+    return data
 
 
 def _inside(root: Path, candidate: Path) -> Path | None:

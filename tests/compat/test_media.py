@@ -75,7 +75,7 @@ def test_files_inside_the_media_path_load(tree):
     ("./tm", "file://{root}/tmp/outside.png", "outside --media-path"),  # a sibling with the root as prefix
     ("./tmp/allowed", "file://missing.png", "does not exist"),
     ("./tmp/allowed", "file://", "names no file"),
-    ("./tmp/allowed", "file://big.png", "more than the 1000 allowed"),
+    ("./tmp/allowed", "file://big.png", "more than the 1000 bytes allowed"),
     ("./tmp", "file://allowed", "does not exist"),  # a folder is not a file
 ])
 def test_files_outside_the_media_path_are_refused(tree, media_path, url, message):
