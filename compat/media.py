@@ -1,7 +1,8 @@
 """Where an image in a request comes from -> its bytes, under the operator's rules.
 
 Sources: `data:image/...;base64,...` URLs and bare base64 always; `file://` paths only inside --media-path
-(relative to it, or absolute inside it; no `..`, symlinks resolved before the check); `http(s)://` only with
+(relative to it as llama.cpp reads them, leading slashes included, or absolute inside it; no `..`, symlinks
+resolved before the check); `http(s)://` only with
 --allow-remote-media, fetched with a byte cap and a timeout. Every source is bounded by --media-max-bytes.
 `load` raises ValueError with a message for the client; `image_input` turns it into a 400 naming the input.
 """
@@ -54,10 +55,11 @@ def load(source: str, policy: MediaPolicy) -> bytes:
 
 
 def _base64(text: str, policy: MediaPolicy) -> bytes:
-    if len(text) // 4 * 3 > policy.max_bytes:
+    compact = re.sub(r"\s+", "", text)  # line-wrapped base64 is common; the wrapping is not the image's size
+    if len(compact) // 4 * 3 - compact[-2:].count("=") > policy.max_bytes:
         raise ValueError(f"the image is larger than the {policy.max_bytes} bytes allowed (--media-max-bytes)")
     try:
-        data = base64.b64decode(re.sub(r"\s+", "", text), validate=True)
+        data = base64.b64decode(compact, validate=True)
     except (binascii.Error, ValueError):
         raise ValueError("the image is not a data: URL, a file:// or http(s):// URL, or base64") from None
     if not data:
@@ -83,19 +85,29 @@ def _local_file(url: str, policy: MediaPolicy) -> bytes:
     if ".." in re.split(r"[\\/]+", raw):
         raise ValueError("file:// paths must not contain '..'")
     root = policy.media_path
-    candidate = Path(raw) if os.path.isabs(raw) else root / raw
-    resolved = candidate.resolve()  # symlinks followed: the check below sees where the file really is
-    if resolved != root and root not in resolved.parents:
+    # llama.cpp reads the path relative to --media-path, leading slashes included (file:////a//b.png is a/b.png);
+    # an absolute path that lies inside --media-path is read as it is
+    relative = _inside(root, root / raw.lstrip("/\\"))
+    absolute = _inside(root, Path(raw)) if os.path.isabs(raw) else None
+    resolved = absolute or relative
+    if resolved is None or (os.path.isabs(raw) and absolute is None and not relative.is_file()):
         raise ValueError(f"file path is not allowed: {raw} is outside --media-path")
     if not resolved.is_file():
         raise ValueError(f"file does not exist or cannot be opened: {raw}")
-    size = resolved.stat().st_size
-    if size > policy.max_bytes:
-        raise ValueError(f"{raw} has {size} bytes, more than the {policy.max_bytes} allowed (--media-max-bytes)")
     try:
-        return resolved.read_bytes()
+        with resolved.open("rb") as file:  # read up to the bound, whatever its size said (it may be growing)
+            data = file.read(policy.max_bytes + 1)
     except OSError:
         raise ValueError(f"file does not exist or cannot be opened: {raw}") from None
+    if len(data) > policy.max_bytes:
+        raise ValueError(f"{raw} has more than the {policy.max_bytes} bytes allowed (--media-max-bytes)")
+    return data
+
+
+def _inside(root: Path, candidate: Path) -> Path | None:
+    """candidate with symlinks resolved (so the check sees where the file really is), if that is inside root."""
+    resolved = candidate.resolve()
+    return resolved if resolved == root or root in resolved.parents else None
 
 
 def _remote(url: str, policy: MediaPolicy) -> bytes:
@@ -106,7 +118,9 @@ def _remote(url: str, policy: MediaPolicy) -> bytes:
     chunks, size = [], 0
     try:
         with urllib.request.urlopen(request, timeout=policy.timeout_s) as response:  # noqa: S310 (operator-enabled)
-            while chunk := response.read(1 << 16):
+            # read1: what one receive brings (read(n) would wait for n bytes, so a server trickling bytes could
+            # hold the request far past --media-timeout; each receive is bounded by the socket timeout)
+            while chunk := response.read1(1 << 16):
                 size += len(chunk)
                 if size > policy.max_bytes:
                     raise ValueError(f"the image is larger than the {policy.max_bytes} bytes allowed "

@@ -190,8 +190,9 @@ class Settings(ExplicitSettings):
 
     media_path: str | None = option(
         None, flags=["--media-path"], env="LLAMA_ARG_MEDIA_PATH", metavar="PATH", group="embeddings",
-        help="folder images may be read from through file:// URLs (relative to it, or absolute inside it; no '..', "
-             "symlinks resolved); unset = file:// URLs are refused")
+        help="folder images may be read from through file:// URLs (relative to it, leading slashes included, as "
+             "llama-server reads them, or absolute inside it; no '..', symlinks resolved); unset = file:// URLs "
+             "are refused")
     allow_remote_media: bool = option(
         False, flags=["--allow-remote-media"], kind="paired", env="LLAMA_ARG_ALLOW_REMOTE_MEDIA", group="embeddings",
         help="let requests name images by http(s):// URL, which the server then downloads (bounded by "

@@ -22,6 +22,12 @@ _DEFAULTS = {"do_resize": True, "do_rescale": True, "do_normalize": True, "do_co
              "resample": 3, "rescale_factor": 1 / 255, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}
 
 
+# The formats an image may be in: the common web and camera ones (Pillow's JPEG opener also reads a camera's
+# multi-picture JPEG). Pillow would otherwise try every plugin it has, EPS among them, whose load() runs
+# Ghostscript on the client's bytes.
+FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP", "TIFF", "PPM", "TGA")
+
+
 class InvalidImage(InvalidInput):
     """Bytes that are not an image we can decode, or an image over the limits."""
 
@@ -97,10 +103,17 @@ def decode(data: bytes, max_pixels: int):
     """Open an encoded image, refusing it by its header when it has more than max_pixels pixels."""
     from PIL import Image  # lazy: text-only servers never pay for Pillow's import
 
+    # our bound applies instead of Pillow's warning (emitted at open, from 89 M pixels); a process-wide filter,
+    # since warnings.catch_warnings is not thread-safe and request threads decode concurrently
+    warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
     try:
-        image = Image.open(io.BytesIO(data))
+        image = Image.open(io.BytesIO(data), formats=FORMATS)
+    except Image.DecompressionBombError:  # Pillow's own bound (twice Image.MAX_IMAGE_PIXELS), checked at open
+        raise InvalidImage(f"the image has more pixels than Pillow opens ({2 * Image.MAX_IMAGE_PIXELS}); at most "
+                           f"{max_pixels} are allowed (--image-max-pixels)") from None
     except Exception as exc:  # Pillow raises several unrelated types for undecodable bytes
-        raise InvalidImage(f"not an image Pillow can decode ({type(exc).__name__})") from None
+        raise InvalidImage(f"not an image Pillow can decode ({type(exc).__name__}; formats taken: "
+                           f"{', '.join(FORMATS)})") from None
     pixels = image.width * image.height
     if pixels > max_pixels:
         raise InvalidImage(f"the image has {pixels} pixels ({image.width}x{image.height}), more than the "
@@ -108,9 +121,7 @@ def decode(data: bytes, max_pixels: int):
     if pixels == 0:
         raise InvalidImage("the image has no pixels")
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # our own bound applies instead
-            image.load()
+        image.load()
     except Exception as exc:
         raise InvalidImage(f"the image data is damaged ({type(exc).__name__}: {exc})") from None
     return image

@@ -318,32 +318,6 @@ class Reranker(_Loaded):
         scores, _ = self.score(query, documents, instruction=instruction)
         return ranking(scores, top_n)
 
-    def _embed_built_rows(self, texts: Sequence[str | None], rows: list[int], errors: list[str | None],
-                          batch_size: int | None, prompt_name: str | None,
-                          instruction: str | None) -> dict[int, tuple[np.ndarray, int]]:
-        """Raw vectors and token counts of these rows through the family's input builder, by row; a chunk that
-        fails is retried row by row so that only the bad rows carry an error."""
-        def run(group: list[int]) -> dict[int, tuple[np.ndarray, int]]:
-            result = self.engine.embed_prompts([[texts[i]] for i in group], prompt_name=prompt_name,
-                                               instruction=instruction)
-            return dict(zip(group, zip(result.vectors, result.n_tokens)))
-
-        found: dict[int, tuple[np.ndarray, int]] = {}
-        for part in self._chunks(len(rows), batch_size):
-            try:
-                found.update(run(rows[part]))
-                continue
-            except InvalidInput:
-                pass
-            for i in rows[part]:
-                try:
-                    found.update(run([i]))
-                except InputTooLong as exc:
-                    errors[i] = f"{exc} (--truncate cuts it instead)"
-                except InvalidInput as exc:
-                    errors[i] = str(exc)
-        return found
-
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Ray Data: `batch["query"]`, `batch["document"]` -> the batch with a `score` column."""
         out = dict(batch)

@@ -6,7 +6,8 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import numpy as np
 
@@ -46,10 +47,20 @@ from engine.vlm_rerank import PairBuilder, RerankSide
 from engine.worker import ImageWork, ItemResult, Runner, Worker
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def _label(labels: Sequence[str] | None, index: int) -> str:
     return labels[index] if labels is not None else f"input {index}"
+
+
+def _labelled(label: str, build: Callable[[], T]) -> T:
+    """build(), any InvalidInput it raises (a bad image, image tokens spelled in text, a template's refusal)
+    naming the input it is about."""
+    try:
+        return build()
+    except InvalidInput as exc:
+        raise (InvalidImage if isinstance(exc, InvalidImage) else InvalidInput)(f"{label}: {exc}") from None
 
 
 def _cost(item: list[int] | ImageWork | PreparedInput) -> int:
@@ -375,10 +386,7 @@ class Engine:
     def _prepare(self, label: str, prompt: Sequence[str | int] | ImageInput, instruction: str | None) -> PreparedInput:
         """One text or image input through the family's input builder, its images decoded (bounded) first."""
         parts = self._decoded(label, prompt)
-        try:
-            return self._builder.build(parts, instruction)
-        except InvalidImage as exc:
-            raise InvalidImage(f"{label}: {exc}") from None
+        return _labelled(label, lambda: self._builder.build(parts, instruction))
 
     def _decoded(self, label: str, prompt: Sequence[str | int] | ImageInput) -> list:
         """An input's parts with its images decoded, each bounded by --image-max-pixels before its pixels are."""
@@ -387,10 +395,7 @@ class Engine:
         parts: list = []
         for part in prompt.parts:
             if isinstance(part, bytes):
-                try:
-                    part = decode(part, self.options.image_max_pixels)
-                except InvalidImage as exc:
-                    raise InvalidImage(f"{label}: {exc}") from None
+                part = _labelled(label, lambda data=part: decode(data, self.options.image_max_pixels))
             parts.append(part)
         return parts
 
@@ -410,7 +415,7 @@ class Engine:
             token_lists = [self._prepare(_label(labels, i), item, None) if isinstance(item, ImageInput) else item
                            for i, item in enumerate(token_lists)]
         fitted = [self._image_work(_label(labels, i), item, info) if isinstance(item, ImageInput) else
-                  self._fit_prepared(item, info, cut) if isinstance(item, PreparedInput) else
+                  self._fit_prepared(_label(labels, i), item, info, cut) if isinstance(item, PreparedInput) else
                   self._fit(item, info, cut) for i, item in enumerate(token_lists)]
         preprocess_s = time.monotonic() - started
         results, timings = self._serve(fitted, None, timeout_s)
@@ -418,12 +423,16 @@ class Engine:
         return EmbedResult(vectors=[r.value for r in results], n_tokens=[_cost(item) for item in fitted],
                            timings=timings)
 
-    def _fit_prepared(self, prepared: PreparedInput, info: ModelInfo, truncate: bool) -> PreparedInput:
+    def _fit_prepared(self, label: str, prepared: PreparedInput, info: ModelInfo, truncate: bool) -> PreparedInput:
         """A built input within the per-input limit: a text-only one may be cut, one holding images may not
         (its image tokens are one block with the image's features)."""
         if not prepared.images:
             return PreparedInput(self._fit(prepared.ids, info, truncate))
         if len(prepared.ids) > info.max_input_tokens:
+            if truncate:  # asked to cut, but cannot: say why rather than only that it is too long
+                raise InvalidInput(f"{label} ({len(prepared.ids)} tokens, {prepared.image_tokens} of them its "
+                                   f"images') is over the per-input limit of {info.max_input_tokens} tokens, and an "
+                                   f"input holding images is never truncated: send less text or smaller images")
             self._too_long(len(prepared.ids), info)
         return prepared
 
@@ -492,9 +501,11 @@ class Engine:
         here, the query's once); pairs holding images run alone in their pass, text-only pairs batch."""
         started = time.monotonic()
         query_side = self._rerank_side("query", query)
-        pairs = [self._pairs.pair(query_side, self._rerank_side(f"document {i}", document), instruction,
-                                  info.truncate_tokens if truncate else None)
-                 for i, document in enumerate(documents)]
+        limit = info.truncate_tokens if truncate else None
+        pairs = []
+        for i, document in enumerate(documents):
+            side = self._rerank_side(f"document {i}", document)
+            pairs.append(_labelled(f"document {i}", lambda: self._pairs.pair(query_side, side, instruction, limit)))
         for prepared in pairs:
             if len(prepared.ids) > info.max_input_tokens:
                 self._too_long(len(prepared.ids), info)
@@ -508,10 +519,7 @@ class Engine:
     def _rerank_side(self, label: str, item: RerankItem) -> RerankSide:
         """The query or a document as the pair builder takes it, its images decoded (bounded) first."""
         parts = self._decoded(label, [item] if isinstance(item, str) else item)
-        try:
-            return self._pairs.side(parts)
-        except InvalidImage as exc:
-            raise InvalidImage(f"{label}: {exc}") from None
+        return _labelled(label, lambda: self._pairs.side(parts))
 
     def _serve(self, token_lists: list[list[int]], type_lists: list[list[int]] | None,
                timeout_s: float) -> tuple[list[ItemResult], Timings]:

@@ -369,11 +369,6 @@ class Model(Trunk):
     def image_token_id(self) -> int:
         return self.args.image_token_id
 
-    def image_token_count(self, grid: Grid) -> int:
-        """Decoder tokens one image of this patch grid becomes."""
-        t, h, w = grid
-        return t * h * w // self.args.vision.spatial_merge_size ** 2
-
     def __call__(self, input_ids: mx.array, attention_mask: mx.array,
                  token_type_ids: mx.array | None = None) -> mx.array:
         return self.forward(input_ids, attention_mask)

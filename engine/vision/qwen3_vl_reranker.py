@@ -49,6 +49,8 @@ class Qwen3VLRerankInputs(PairBuilder):
 
     def side(self, parts: Sequence[str | Image]) -> RerankSide:
         """Text pieces and decoded images, in order -> content items and processed images."""
+        if any(isinstance(part, str) and IMAGE_PAD in part for part in parts):  # refused here, naming its side
+            raise InvalidInput(f"the text holds {IMAGE_PAD}, which only an image may stand for")
         content, images = content_items(self.processor, parts)
         return RerankSide(tuple(content), tuple(images))
 

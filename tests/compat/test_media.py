@@ -6,6 +6,7 @@ import http.server
 import os
 import re
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,11 @@ def test_data_urls_and_bare_base64():
     assert load(f"data:image/png;base64,{B64}", policy()) == PNG
     assert load(B64, policy()) == PNG
     assert load(B64[:20] + "\n" + B64[20:], policy()) == PNG  # wrapped base64
+    exact = bytes(999)  # 999 bytes (padded base64), wrapped every 76 characters: within the 1000 allowed
+    text = base64.b64encode(exact).decode()
+    assert load("\n".join(text[i:i + 76] for i in range(0, len(text), 76)), policy()) == exact
+    with pytest.raises(ValueError, match="larger than the 998 bytes allowed"):
+        load(text, policy(max_bytes=998))
 
 
 @pytest.mark.parametrize("source,message", [
@@ -69,13 +75,42 @@ def test_files_inside_the_media_path_load(tree):
     ("./tm", "file://{root}/tmp/outside.png", "outside --media-path"),  # a sibling with the root as prefix
     ("./tmp/allowed", "file://missing.png", "does not exist"),
     ("./tmp/allowed", "file://", "names no file"),
-    ("./tmp/allowed", "file://big.png", "more than the 1000 allowed"),
+    ("./tmp/allowed", "file://big.png", "more than the 1000 bytes allowed"),
     ("./tmp", "file://allowed", "does not exist"),  # a folder is not a file
 ])
 def test_files_outside_the_media_path_are_refused(tree, media_path, url, message):
     (tree / "tm").mkdir(exist_ok=True)
     with pytest.raises(ValueError, match=message):
         load(url.format(root=tree), policy(media_path))
+
+
+@pytest.mark.parametrize("media_path,url,outcome", [
+    # llama.cpp's test_security.py test_local_media_file cases (mtmd/test-1.jpeg under the media path)
+    (None, "file://mtmd/test-1.jpeg", "file:// URLs are not allowed unless"),
+    ("tools", "file://mtmd/test-1.jpeg", None),
+    ("tools", "file:////mtmd//test-1.jpeg", None),  # the same file: read relative to the media path
+    ("tools", "file://mtmd/notfound.jpeg", "does not exist"),
+    ("tools", "file://../mtmd/test-1.jpeg", "must not contain '..'"),
+])
+def test_llama_cpp_security_cases(tmp_path, monkeypatch, media_path, url, outcome):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tools" / "mtmd").mkdir(parents=True)
+    (tmp_path / "tools" / "mtmd" / "test-1.jpeg").write_bytes(PNG)
+    (tmp_path / "mtmd").mkdir()
+    (tmp_path / "mtmd" / "test-1.jpeg").write_bytes(PNG + b"outside")  # what '..' would reach
+    if outcome is None:
+        assert load(url, policy(media_path)) == PNG
+    else:
+        with pytest.raises(ValueError, match=re.escape(outcome)):
+            load(url, policy(media_path))
+
+
+def test_absolute_paths_outside_the_media_path_are_refused_not_looked_up(tree):
+    with pytest.raises(ValueError, match="outside --media-path"):
+        load("file:///etc/passwd", policy("tmp/allowed"))
+    (tree / "tmp" / "allowed" / "etc").mkdir()
+    (tree / "tmp" / "allowed" / "etc" / "passwd").write_bytes(PNG)
+    assert load("file:///etc/passwd", policy("tmp/allowed")) == PNG  # llama.cpp's reading: under the media path
 
 
 def test_symlinks_are_resolved_before_the_check(tree):
@@ -88,9 +123,20 @@ def test_symlinks_are_resolved_before_the_check(tree):
 
 @pytest.fixture(scope="module")
 def loopback():
-    """A loopback HTTP server: /small.png, /big.png, anything else 404."""
+    """A loopback HTTP server: /small.png, /big.png, /slow.png (a byte every 0.1 s), anything else 404."""
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 (http.server's name)
+            if self.path == "/slow.png":
+                self.send_response(200)
+                self.end_headers()
+                try:
+                    for byte in PNG[:40]:
+                        self.wfile.write(bytes([byte]))
+                        self.wfile.flush()
+                        time.sleep(0.1)
+                except OSError:  # the client gave up, as it should
+                    pass
+                return
             body = {"/small.png": PNG, "/big.png": PNG * 100}.get(self.path)
             self.send_response(200 if body else 404)
             self.end_headers()
@@ -106,6 +152,13 @@ def loopback():
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
     thread.join()
+
+
+def test_a_trickling_download_stops_at_the_media_timeout(loopback):
+    started = time.monotonic()
+    with pytest.raises(ValueError, match="took longer than 0.5 s"):
+        load(f"{loopback}/slow.png", MediaPolicy.create(None, True, 1000, timeout_s=0.5))
+    assert time.monotonic() - started < 2.5  # the whole trickle would take 4 s
 
 
 def test_remote_images_only_when_allowed_and_bounded(loopback):

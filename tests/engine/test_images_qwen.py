@@ -123,6 +123,32 @@ def test_limits_and_bad_images_are_refused(processors):
         ours(encode(20, 20, "RGB", seed=0), max_pixels=100)
     with pytest.raises(InvalidImage, match="not an image"):
         ours(b"GIF89a nonsense", max_pixels=10**7)
+    # formats outside the common ones are never opened: Pillow's EPS plugin would run Ghostscript on them
+    with pytest.raises(InvalidImage, match="not an image Pillow can decode .*formats taken: PNG, JPEG"):
+        ours(b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 10 10\nshowpage\n", max_pixels=10**7)
+    from PIL import Image
+
+    for kind in ("JPEG", "WEBP", "GIF", "BMP", "TIFF"):
+        out = io.BytesIO()
+        Image.new("RGB", (30, 20)).save(out, format=kind)
+        assert ours(out.getvalue(), max_pixels=10**7).grid_thw[0] == 1, kind
+    # refused from the header alone, its pixels never decompressed: over our bound, and over Pillow's own
+    with pytest.raises(InvalidImage, match=r"1000000 pixels \(1000000x1\), more than the 100 allowed"):
+        ours(png_header(1_000_000, 1), max_pixels=100)
+    with pytest.raises(InvalidImage, match=r"more pixels than Pillow opens .* at most 100 are allowed"):
+        ours(png_header(100_000, 100_000), max_pixels=100)
+
+
+def png_header(width: int, height: int) -> bytes:
+    """The signature, IHDR and a first IDAT chunk of a PNG claiming width x height pixels: enough to open."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", b"\0" * 4))
 
 
 def test_checkpoint_bounds_and_geometry(tmp_path):

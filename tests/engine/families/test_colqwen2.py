@@ -279,3 +279,27 @@ def test_colqwen2_on_qwen2_vl_matches_colpali(colpali_qwen2):
         assert_rows_match(ours, theirs)
     theirs = [float((expected[0] @ page.T).max(axis=1).sum()) for page in expected[1:]]
     np.testing.assert_allclose(maxsim_scores(result.vectors[0], result.vectors[1:]), theirs, atol=1e-4)
+
+
+def test_published_config_layout_reads_the_same(colpali, engine, tmp_path):
+    """vidore/colqwen2.5-base's config.json predates transformers 5: the decoder's keys at the top level, M-RoPE
+    spelled as rope_scaling {type: mrope}, the tower's channels as in_chans. It builds the same model."""
+    folder = tmp_path / "published"
+    shutil.copytree(colpali[0], folder)
+    config = json.loads((folder / "config.json").read_text())
+    text = config.pop("text_config")
+    rope = text.pop("rope_parameters")
+    vision = config.pop("vision_config")
+    vision["in_chans"] = vision.pop("in_channels")
+    (folder / "config.json").write_text(json.dumps({
+        **text, **config, "vision_config": vision, "rope_theta": rope["rope_theta"],
+        "rope_scaling": {"type": "mrope", "mrope_section": rope["mrope_section"]}, "model_type": "qwen2_5_vl",
+        "sliding_window": 32768, "use_sliding_window": False}))
+    prompts = [[QUERIES[0]], ImageInput.image(PAGES[0])]
+    published = start_engine(folder)
+    try:
+        got = published.embed_prompts(prompts).vectors
+    finally:
+        published.close()
+    for ours, expected in zip(got, engine.embed_prompts(prompts).vectors, strict=True):
+        np.testing.assert_allclose(ours, expected, atol=1e-6)

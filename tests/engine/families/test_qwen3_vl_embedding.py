@@ -77,8 +77,44 @@ def test_a_vector_does_not_depend_on_its_batch(engine):
 def test_the_image_pad_token_in_text_is_refused(engine):
     from engine.errors import InvalidInput
 
-    with pytest.raises(InvalidInput, match="only an image"):
-        engine.embed_prompts([[f"sneaky {IMAGE_PAD}"]])
+    with pytest.raises(InvalidInput, match="^input 1: the text holds .*, which only an image"):
+        engine.embed_prompts([["fine"], [f"sneaky {IMAGE_PAD}"]])
+    with pytest.raises(InvalidInput, match="^input 0: the text holds"):
+        engine.embed_prompts([ImageInput((IMAGES[0], f"sneaky {IMAGE_PAD}"))])
+
+
+def test_an_over_long_input_holding_images_is_refused_even_when_truncating(engine):
+    from engine.errors import InputTooLong, InvalidInput
+
+    long_text = "word " * (engine.info.max_input_tokens + 10)
+    with pytest.raises(InvalidInput, match="input 1 .* is never truncated: send less text or smaller images"):
+        engine.embed_prompts([["short"], ImageInput((IMAGES[0], long_text))], truncate=True)
+    with pytest.raises(InputTooLong):
+        engine.embed_prompts([ImageInput((IMAGES[0], long_text))], truncate=False)
+    assert engine.embed_prompts([[long_text]], truncate=True).n_tokens == [engine.info.truncate_tokens]
+
+
+def test_images_are_decoded_and_preprocessed_off_the_engine_thread(engine, monkeypatch):
+    import threading
+
+    import engine.images as images_module
+    import engine.pipeline as pipeline_module
+
+    threads: dict[str, set[str]] = {"decode": set(), "build": set(), "model": set()}
+
+    def spy(kind, function):
+        def recorded(*args, **kwargs):
+            threads[kind].add(threading.current_thread().name)
+            return function(*args, **kwargs)
+        return recorded
+
+    builder = type(engine._builder)
+    monkeypatch.setattr("engine.service.decode", spy("decode", images_module.decode))
+    monkeypatch.setattr(builder, "build", spy("build", builder.build))
+    monkeypatch.setattr(pipeline_module, "to_device", spy("model", pipeline_module.to_device))
+    engine.embed_prompts([as_input((IMAGES[0], "a caption")), ["text"]])
+    assert threads["decode"] and threads["build"] and threads["model"]
+    assert threads["model"].isdisjoint(threads["decode"] | threads["build"]), threads
 
 
 def test_detection_and_what_the_engine_reports(engine, tmp_path):

@@ -188,8 +188,10 @@ def test_bad_images_and_image_tokens_in_text_are_refused_naming_the_item(engine)
         engine.rerank("q", ["fine", ImageInput((b"not an image",))])
     with pytest.raises(InvalidImage, match="^query: "):
         engine.rerank(ImageInput((b"\x89PNG broken",)), ["fine"])
-    with pytest.raises(InvalidInput, match="only an image"):
+    with pytest.raises(InvalidInput, match="^query: the text holds <\\|image_pad\\|>, which only an image"):
         engine.rerank("sneaky <|image_pad|>", ["fine"])
+    with pytest.raises(InvalidInput, match="^document 1: the text holds <\\|image_pad\\|>"):
+        engine.rerank("q", ["fine", ImageInput((IMAGES[0], "sneaky <|image_pad|>"))])
 
 
 def test_detection_needs_rank_mode_and_reads_the_logit_score_module(checkpoint, tmp_path):
