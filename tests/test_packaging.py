@@ -1,6 +1,7 @@
 """`pip install .` (not editable) gives a server that finds its templates and example configs."""
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -16,8 +17,16 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory) -> Path:
+    # Built from the tracked files alone: a checkout's leftover build/ or *.egg-info can add modules that the
+    # packages list leaves out, hiding what a fresh clone's `pip install .` would miss.
+    source = tmp_path_factory.mktemp("source")
+    tracked = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z"], check=True, capture_output=True).stdout
+    for name in filter(None, tracked.decode().split("\0")):
+        if (ROOT / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, source / name)
     out = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "-q", "-w", str(out)],
+    subprocess.run([sys.executable, "-m", "pip", "wheel", str(source), "--no-deps", "-q", "-w", str(out)],
                    check=True, capture_output=True)
     wheel = next(out.glob("mlx_embed_server-*.whl"))
     target = tmp_path_factory.mktemp("site")
@@ -36,6 +45,16 @@ def test_installed_package_finds_its_data(installed, tmp_path):
     assert (templates / "qwen3_reranker.jinja").read_bytes() == (ROOT / "templates" / "qwen3_reranker.jinja").read_bytes()
     assert sorted(p.name for p in configs.glob("*.ini")) == sorted(p.name for p in (ROOT / "config").glob("*.ini"))
 
+
+
+def test_wheel_holds_every_source_module(installed):
+    """A subpackage missing from pyproject's list installs a server that fails when a family needs it."""
+    sources = {p.relative_to(ROOT) for folder in ("compat", "engine") for p in (ROOT / folder).rglob("*.py")}
+    assert sources, "no sources found"
+    missing = sorted(str(p) for p in sources if not (installed / p).is_file())
+    assert not missing, f"pyproject.toml [tool.setuptools] packages leaves out: {missing}"
+    templates = {p.name for p in (ROOT / "templates").glob("*.jinja")}
+    assert templates == {p.name for p in (installed / "engine" / "templates").glob("*.jinja")}
 
 # The example models presets (config/models-*.ini) and the kinds of the models each declares, in order.
 PRESET_KINDS = {
