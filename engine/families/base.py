@@ -135,6 +135,13 @@ def _gelu_erf_arithmetic(x: mx.array) -> mx.array:
 gelu_erf = mx.compile(_gelu_erf_arithmetic, shapeless=True)
 
 
+class GeluErf(nn.Module):
+    """torch's nn.GELU() (the erf form) as a weightless layer, so a Sequential's list keeps the checkpoint's indices."""
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return gelu_erf(x)
+
+
 _ACTIVATIONS = {
     "gelu": gelu_erf,  # erf GELU, as transformers' "gelu" (not the tanh approximation)
     "gelu_new": gelu_tanh,
@@ -247,3 +254,14 @@ def is_bidirectional(model_type: str | None, is_causal: bool | None, use_bidirec
     """A decoder trained without the causal mask (LLM2Vec / Nemotron-embed's llama_bidirec, EmbeddingGemma), as
     its config.json says it; the registry (default pooling) and the families (the mask) both decide by this."""
     return model_type == "llama_bidirec" or is_causal is False or bool(use_bidirectional_attention)
+
+
+def pixel_shuffle(patches: mx.array, factor: int) -> mx.array:
+    """[T, side*side, C] row-major patch states -> [T, (side/factor)^2, C * factor^2]: each factor x factor block
+    becomes one token (InternVL's pixel_shuffle v2, Idefics3's connector): a row's neighbours side by side, then
+    the block's rows, on a transposed grid transposed back."""
+    t, n, c = patches.shape
+    side = math.isqrt(n)
+    x = patches.reshape(t, side, side // factor, c * factor).transpose(0, 2, 1, 3)
+    x = x.reshape(t, side // factor, side // factor, c * factor * factor).transpose(0, 2, 1, 3)
+    return x.reshape(t, -1, c * factor * factor)

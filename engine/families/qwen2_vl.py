@@ -23,7 +23,7 @@ import numpy as np
 
 from engine.errors import InvalidInput, UnsupportedCheckpoint
 from engine.families import llama, qwen2
-from engine.families.base import BaseModelArgs, activation, attention, gelu_erf, rotate, split_heads
+from engine.families.base import BaseModelArgs, GeluErf, activation, attention, rotate, split_heads
 
 
 @dataclass
@@ -114,19 +114,12 @@ class VisionAttention(nn.Module):
         return self.proj(attention(q, k, v, mask))
 
 
-class Gelu(nn.Module):
-    """The merger's exact (erf) GELU, as a parameterless layer so the MLP list keeps the checkpoint's indices."""
-
-    def __call__(self, x: mx.array) -> mx.array:
-        return gelu_erf(x)
-
-
 class PatchMerger(nn.Module):
     def __init__(self, args: VisionArgs, norm: type[nn.Module] = nn.LayerNorm):
         super().__init__()
         width = args.width * args.spatial_merge_size ** 2
         self.ln_q = norm(args.width, eps=1e-6)
-        self.mlp = [nn.Linear(width, width), Gelu(), nn.Linear(width, args.out_width)]
+        self.mlp = [nn.Linear(width, width), GeluErf(), nn.Linear(width, args.out_width)]
 
     def __call__(self, x: mx.array) -> mx.array:
         """[n_patches, D], each block's patches consecutive -> [n_patches / merge^2, out_width]."""
