@@ -133,12 +133,18 @@ class PatchMerger(nn.Module):
 def vision_rotary(grid_h: int, grid_w: int, args: VisionArgs) -> tuple[mx.array, mx.array]:
     """cos, sin [n_patches, head_dim] in the processor's block-major patch order: the first half of each head's
     bands turns with the patch's row, the second with its column (same frequencies), rotate-half layout."""
-    spatial = args.head_dim // 2
-    inv_freq = 1.0 / (args.rope_theta ** (np.arange(0, spatial, 2, dtype=np.float32) / spatial))
     rows, cols = np.meshgrid(np.arange(grid_h), np.arange(grid_w), indexing="ij")
     m = args.spatial_merge_size
     shape = (grid_h // m, m, grid_w // m, m)
     rows, cols = (a.reshape(shape).transpose(0, 2, 1, 3).reshape(-1) for a in (rows, cols))
+    return axial_rotary(rows, cols, args.head_dim, args.rope_theta)
+
+
+def axial_rotary(rows: np.ndarray, cols: np.ndarray, head_dim: int, theta: float) -> tuple[mx.array, mx.array]:
+    """cos, sin [N, head_dim] of the Qwen-VL towers' 2-D rotary for patches at (rows, cols): one table of
+    head_dim / 4 frequencies, turned by the row in the first half of the bands and by the column in the second."""
+    spatial = head_dim // 2
+    inv_freq = 1.0 / (theta ** (np.arange(0, spatial, 2, dtype=np.float32) / spatial))
     angles = np.concatenate([rows[:, None] * inv_freq, cols[:, None] * inv_freq], axis=-1).astype(np.float32)
     angles = mx.array(np.concatenate([angles, angles], axis=-1))
     return mx.cos(angles), mx.sin(angles)

@@ -27,6 +27,7 @@ import numpy as np
 
 from engine.errors import UnsupportedCheckpoint
 from engine.families import llama, qwen3
+from engine.families.qwen2_vl import axial_rotary
 from engine.families.base import BaseModelArgs, Trunk, activation, rope_inverse_frequencies, rotate, softmax
 
 Grid = tuple[int, int, int]  # (t, h, w) in patches, as image_grid_thw
@@ -240,12 +241,9 @@ class VisionModel(nn.Module):
     def rotary(self, geometry: VisionGeometry) -> tuple[mx.array, mx.array]:
         """cos and sin [N, 1, Dh]: the first half of each head's frequencies turn with the row, the rest with
         the column (one frequency table of Dh / 4 entries shared by both axes)."""
-        head_dim = self.args.hidden_size // self.args.num_heads
-        quarter = head_dim // 2
-        inv_freq = 1.0 / (self.args.rope_theta ** (np.arange(0, quarter, 2, dtype=np.float32) / quarter))
-        angles = np.concatenate([geometry.rows[:, None] * inv_freq, geometry.cols[:, None] * inv_freq], axis=-1)
-        angles = mx.array(np.concatenate([angles, angles], axis=-1).astype(np.float32))[:, None]
-        return mx.cos(angles), mx.sin(angles)
+        cos, sin = axial_rotary(geometry.rows, geometry.cols, self.args.hidden_size // self.args.num_heads,
+                                self.args.rope_theta)
+        return cos[:, None], sin[:, None]
 
     def __call__(self, patches: mx.array, grids: Sequence[Grid]) -> tuple[mx.array, list[mx.array]]:
         """Flattened patches [N, C*T*P*P] of these images -> merged tokens [N / merge^2, D_text] and the
