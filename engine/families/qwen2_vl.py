@@ -23,7 +23,15 @@ import numpy as np
 
 from engine.errors import InvalidInput, UnsupportedCheckpoint
 from engine.families import llama, qwen2
-from engine.families.base import BaseModelArgs, GeluErf, activation, attention, rotate, split_heads
+from engine.families.base import (
+    BaseModelArgs,
+    GeluErf,
+    activation,
+    attention,
+    rope_inverse_frequencies,
+    rotate,
+    split_heads,
+)
 
 
 @dataclass
@@ -210,10 +218,14 @@ class VisionModel(nn.Module):
 
 # -- decoder with M-RoPE -------------------------------------------------------------------------------------
 
-def mrope_tables(positions: mx.array, head_dim: int, theta: float, section: list[int]) -> tuple[mx.array, mx.array]:
-    """positions [3, B, L] -> cos, sin [B, 1, L, head_dim]: frequency band j reads axis (section index of j) % 3."""
-    inv_freq = 1.0 / (theta ** (mx.arange(0, head_dim, 2).astype(mx.float32) / head_dim))
-    axis = np.concatenate([np.full(size, i % 3) for i, size in enumerate(section)])
+def sectioned_axes(section: list[int]) -> np.ndarray:
+    """Qwen2-VL's M-RoPE: which position axis (0 t, 1 h, 2 w) each frequency reads, in contiguous bands of
+    section[0], section[1], section[2] frequencies."""
+    return np.concatenate([np.full(size, i % 3) for i, size in enumerate(section)])
+
+
+def mrope_tables(positions: mx.array, inv_freq: mx.array, axis: np.ndarray) -> tuple[mx.array, mx.array]:
+    """positions [3, B, L] -> cos, sin [B, 1, L, head_dim], frequency i turning with position axis axis[i]."""
     chosen = positions.transpose(1, 2, 0)[..., mx.array(axis)]  # [B, L, head_dim / 2]
     angles = chosen.astype(mx.float32) * inv_freq
     angles = mx.concatenate([angles, angles], axis=-1)[:, None]
@@ -230,8 +242,8 @@ class TextModel(llama.DecoderModel):
     def run(self, x: mx.array, attention_mask: mx.array, positions: mx.array) -> mx.array:
         args = self.args
         kinds = set(args.layer_types)
-        cos, sin = (t.astype(x.dtype) for t in mrope_tables(positions, args.head_dim, args.rope["rope_theta"],
-                                                           self.mrope_section))
+        inv_freq = rope_inverse_frequencies(args.head_dim, args.rope)
+        cos, sin = (t.astype(x.dtype) for t in mrope_tables(positions, inv_freq, sectioned_axes(self.mrope_section)))
         masks = self.layer_masks(attention_mask, kinds)
         for layer in self.layers:
             x = layer(x, masks[layer.layer_type], cos, sin)

@@ -27,7 +27,7 @@ import numpy as np
 
 from engine.errors import UnsupportedCheckpoint
 from engine.families import llama, qwen3
-from engine.families.qwen2_vl import axial_rotary
+from engine.families.qwen2_vl import axial_rotary, mrope_tables
 from engine.families.base import BaseModelArgs, Trunk, activation, rope_inverse_frequencies, rotate, softmax
 
 Grid = tuple[int, int, int]  # (t, h, w) in patches, as image_grid_thw
@@ -307,18 +307,14 @@ def rope_index(input_ids: np.ndarray, attention_mask: np.ndarray, grids: Sequenc
     return positions
 
 
-def mrope_tables(positions: mx.array, inv_freq: mx.array, section: Sequence[int]) -> tuple[mx.array, mx.array]:
-    """cos and sin [B, 1, L, Dh] for [3, B, L] positions with interleaved sections: frequency i turns with the
-    height position when i % 3 == 1 and i < 3 * section[1], the width when i % 3 == 2 and i < 3 * section[2],
-    else with the temporal one."""
-    i = np.arange(inv_freq.shape[0])
+def interleaved_axes(n_freq: int, section: Sequence[int]) -> np.ndarray:
+    """Qwen3-VL's interleaved M-RoPE: frequency i turns with the height position when i % 3 == 1 and
+    i < 3 * section[1], the width when i % 3 == 2 and i < 3 * section[2], else with the temporal one."""
+    i = np.arange(n_freq)
     axis = np.zeros_like(i)
     axis[(i % 3 == 1) & (i < 3 * section[1])] = 1
     axis[(i % 3 == 2) & (i < 3 * section[2])] = 2
-    per_freq = positions.transpose(1, 2, 0)[..., mx.array(axis)]  # [B, L, Dh / 2]
-    angles = per_freq.astype(mx.float32) * inv_freq
-    angles = mx.concatenate([angles, angles], axis=-1)[:, None]
-    return mx.cos(angles), mx.sin(angles)
+    return axis
 
 
 class TextModel(llama.DecoderModel):
@@ -330,7 +326,8 @@ class TextModel(llama.DecoderModel):
         (zero outside image tokens). Returns the final normed hidden states."""
         args = self.args
         inv_freq = rope_inverse_frequencies(args.head_dim, args.rope)
-        cos, sin = (t.astype(embeds.dtype) for t in mrope_tables(positions, inv_freq, args.mrope_section))
+        axis = interleaved_axes(inv_freq.shape[0], args.mrope_section)
+        cos, sin = (t.astype(embeds.dtype) for t in mrope_tables(positions, inv_freq, axis))
         mask = self.layer_masks(attention_mask, {llama.FULL})[llama.FULL]
         x = embeds
         for i, layer in enumerate(self.layers):
