@@ -8,6 +8,7 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 
 from engine.errors import UnsupportedCheckpoint
 
@@ -265,3 +266,15 @@ def pixel_shuffle(patches: mx.array, factor: int) -> mx.array:
     x = patches.reshape(t, side, side // factor, c * factor).transpose(0, 2, 1, 3)
     x = x.reshape(t, side // factor, side // factor, c * factor * factor).transpose(0, 2, 1, 3)
     return x.reshape(t, -1, c * factor * factor)
+
+
+def place_image_features(embeds: mx.array, is_image: np.ndarray, features: mx.array) -> mx.array:
+    """Input embeddings [B, L, D] with the image-token positions (is_image [B, L]) taking the rows of features
+    [N, D], in row-major order: how a vision-language family merges its tower's output into the prompt."""
+    slots = np.flatnonzero(is_image.reshape(-1))
+    if len(slots) != features.shape[0]:
+        raise ValueError(f"{len(slots)} image tokens for {features.shape[0]} image features")
+    batch, length, width = embeds.shape
+    flat = embeds.reshape(batch * length, width)
+    flat[mx.array(slots.astype(np.int32))] = features.astype(embeds.dtype)
+    return flat.reshape(batch, length, width)

@@ -20,7 +20,7 @@ import numpy as np
 
 from engine.errors import UnsupportedCheckpoint
 from engine.families import llama, siglip
-from engine.families.base import Trunk, pixel_shuffle
+from engine.families.base import Trunk, pixel_shuffle, place_image_features
 
 PROJECTION_WIDTH = 128  # ColIdefics3's `linear`: the width of every token vector
 
@@ -122,10 +122,7 @@ class Model(Trunk):
         text_model = self.model.text_model
         x = text_model.embed(input_ids)
         features = mx.concatenate([self.image_features(image["pixel_values"]) for image in images], axis=0)
-        slots = np.flatnonzero(np.array(input_ids[0]) == self.args.image_token_id)
-        if len(slots) != features.shape[0]:
-            raise ValueError(f"the prompt has {len(slots)} image tokens for {features.shape[0]} image features")
-        x[0, mx.array(slots)] = features.astype(x.dtype)
+        x = place_image_features(x, np.array(input_ids) == self.args.image_token_id, features)
         return self._token_vectors(text_model.decode(x, mx.ones(input_ids.shape, dtype=mx.int32)))
 
     def image_features(self, pixels: mx.array) -> mx.array:

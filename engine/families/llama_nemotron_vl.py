@@ -23,10 +23,11 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 
 from engine.errors import UnsupportedCheckpoint
 from engine.families import llama, siglip
-from engine.families.base import GeluErf, Trunk, pixel_shuffle
+from engine.families.base import GeluErf, Trunk, pixel_shuffle, place_image_features
 
 IMAGE_START, IMAGE_END, IMAGE_CONTEXT = "<img>", "</img>", "<IMG_CONTEXT>"
 FAMILY = "llama_nemotron_vl"
@@ -127,14 +128,8 @@ class Model(Trunk):
         The number of context tokens must equal tiles * tokens_per_tile: the prompt was expanded for these tiles."""
         tiles = mx.concatenate([image["pixel_values"] for image in images], axis=0)
         features = self.image_features(tiles)
-        is_image = input_ids == self.config.image_token_id
-        count = int(mx.sum(is_image).item())
-        if count != features.shape[0]:
-            raise ValueError(f"{FAMILY}: {count} image context tokens for {features.shape[0]} image features")
-        embeds = self.language_model.embed(input_ids)
-        # the k-th context token (in row-major order) reads feature row k; other positions keep their embedding
-        order = mx.maximum(mx.cumsum(is_image.reshape(-1).astype(mx.int32)) - 1, 0).reshape(input_ids.shape)
-        merged = mx.where(is_image[..., None], features.astype(embeds.dtype)[order], embeds)
+        merged = place_image_features(self.language_model.embed(input_ids),
+                                      np.array(input_ids) == self.config.image_token_id, features)
         return self.language_model.decode(merged, mx.ones(input_ids.shape, dtype=mx.int32))
 
     def sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:

@@ -28,7 +28,15 @@ import numpy as np
 from engine.errors import UnsupportedCheckpoint
 from engine.families import llama, qwen3
 from engine.families.qwen2_vl import axial_rotary, mrope_tables
-from engine.families.base import BaseModelArgs, Trunk, activation, rope_inverse_frequencies, rotate, softmax
+from engine.families.base import (
+    BaseModelArgs,
+    Trunk,
+    activation,
+    place_image_features,
+    rope_inverse_frequencies,
+    rotate,
+    softmax,
+)
 
 Grid = tuple[int, int, int]  # (t, h, w) in patches, as image_grid_thw
 
@@ -381,16 +389,10 @@ class Model(Trunk):
         deepstack: list[mx.array] = []
         if grids:
             features, stacked = self.model.visual(patches, grids)
-            # each image token's feature row; other tokens point at an appended zero row
             is_image = ids_np == self.args.image_token_id
-            source = np.full(ids_np.shape, features.shape[0], dtype=np.int32)
-            source[is_image] = np.arange(int(is_image.sum()), dtype=np.int32)
-            if int(is_image.sum()) != features.shape[0]:
-                raise ValueError(f"{int(is_image.sum())} image tokens for {features.shape[0]} image features")
-            source, zero = mx.array(source), mx.zeros((1, features.shape[1]), dtype=embeds.dtype)
-            embeds = mx.where(mx.array(is_image)[..., None], mx.concatenate([features.astype(embeds.dtype), zero])[source],
-                              embeds)
-            deepstack = [mx.concatenate([f.astype(embeds.dtype), zero])[source] for f in stacked]
+            embeds = place_image_features(embeds, is_image, features)
+            # DeepStack features are added, so zero outside the image tokens
+            deepstack = [place_image_features(mx.zeros_like(embeds), is_image, f) for f in stacked]
         return self.model.language_model(embeds, attention_mask, positions, deepstack)
 
     def embed_with_images(self, input_ids: mx.array, images: list[dict[str, mx.array]]) -> mx.array:
