@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import os
 import re
 import time
@@ -18,10 +19,10 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 from compat.errors import bad_request
-from compat.wire.inputs import MediaRef, Prompt
+from compat.wire.inputs import MediaRef, Prompt, has_media
 from engine.types import ImageInput
 
 if TYPE_CHECKING:
@@ -155,13 +156,21 @@ def image_input(label: str, prompt: Prompt, policy: MediaPolicy) -> ImageInput:
     return ImageInput(tuple(parts))
 
 
-def request_media_policy(prompts: list[Prompt], settings: Settings) -> MediaPolicy | None:
-    """Refuse too many images before fetching any; the rules to fetch them by (None: a text-only request)."""
-    n_images = sum(isinstance(part, MediaRef) for prompt in prompts for part in prompt)
-    if n_images == 0:
-        return None
+def with_images(labels: Sequence[str], inputs: Sequence[str | Prompt],
+                settings: Settings) -> list[str | Prompt | ImageInput]:
+    """A request's inputs, each one holding images turned into an ImageInput with its images fetched (the others
+    as they are). Too many images are refused before any is fetched; labels name the inputs in errors."""
+    holding = [not isinstance(item, str) and has_media(item) for item in inputs]
+    n_images = sum(isinstance(part, MediaRef) for item, held in zip(inputs, holding) if held for part in item)
     if n_images > settings.image_max_count:
         raise bad_request(f"the request has {n_images} images; at most {settings.image_max_count} are allowed "
                           f"(--image-max-count)")
-    return MediaPolicy.create(settings.media_path, settings.allow_remote_media, settings.media_max_bytes,
-                              settings.media_timeout)
+    if n_images == 0:
+        return list(inputs)
+    policy = _policy(settings.media_path, settings.allow_remote_media, settings.media_max_bytes,
+                     settings.media_timeout)
+    return [image_input(label, item, policy) if held else item for label, item, held in zip(labels, inputs, holding)]
+
+
+# once per server, not per request: resolving --media-path walks the file system
+_policy = functools.lru_cache(maxsize=8)(MediaPolicy.create)

@@ -202,7 +202,8 @@ class Settings(ExplicitSettings):
         help="most bytes of one encoded image, whatever its source")
     media_timeout: int = option(
         10, flags=["--media-timeout"], env="LLAMA_ARG_MEDIA_TIMEOUT", metavar="SECONDS", group="embeddings",
-        help="most seconds downloading one http(s) image may take")
+        help="most seconds downloading one http(s) image may take, checked as its bytes arrive; each wait on the "
+             "server (connecting, every read) is bounded by it too")
     image_max_count: int = option(
         16, flags=["--image-max-count"], env="LLAMA_ARG_IMAGE_MAX_COUNT", metavar="N", group="embeddings",
         help="most images in one request")

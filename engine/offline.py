@@ -142,9 +142,9 @@ class Encoder(_Loaded):
         if self.info.vision_language:  # the family formats its texts itself (engine/vlm.py)
             self._one_vector_per_input()
             raw, n_tokens = self._embed_prompts([[text] for text in texts], batch_size, prompt_name, instruction)
-            return Embedded(self._finish(raw, p, dimensions), n_tokens)
-        token_lists = self.engine.tokenizer.encode_prompts(self._prompts(list(texts), prompt_name, instruction))
-        raw, n_tokens = self._embed(token_lists, batch_size)
+        else:
+            token_lists = self.engine.tokenizer.encode_prompts(self._prompts(list(texts), prompt_name, instruction))
+            raw, n_tokens = self._embed(token_lists, batch_size)
         return Embedded(self._finish(raw, p, dimensions), n_tokens)
 
     def embed_images(self, images: Sequence[bytes | str | Path], *, normalize: bool | int = True,

@@ -443,10 +443,7 @@ class Engine:
         if image.text.strip() or len(image.images) != 1:
             raise InvalidInput(f"{label}: this model embeds either a text or one image per input, not both "
                                f"and not several (send each as an input of its own)")
-        try:
-            pixels = self._images(image.images[0], self.options.image_max_pixels)
-        except InvalidImage as exc:
-            raise InvalidImage(f"{label}: {exc}") from None
+        pixels = _labelled(label, lambda: self._images(image.images[0], self.options.image_max_pixels))
         return ImageWork(pixels, info.image_tokens)
 
     def _require_embedder(self) -> ModelInfo:
@@ -549,8 +546,7 @@ class Engine:
     def _fit(self, ids: list[int], info: ModelInfo, truncate: bool) -> list[int]:
         if not ids:
             raise EmptyInput("Input content cannot be empty")
-        if min(ids) < 0 or max(ids) >= info.n_vocab:
-            raise InvalidTokens("Prompt contains invalid tokens")
+        self._known(ids)
         if len(ids) <= info.max_input_tokens:
             return ids
         if truncate:

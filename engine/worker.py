@@ -274,23 +274,17 @@ class Worker:
             return _Launched(batch, None, started, width, exc)
         return _Launched(batch, collect, started, width)
 
-
+    # A failure in these two is caught by _launch, which fails their batch with the same width.
     def _launch_images(self, batch: list[WorkItem]) -> _Launched:
         started = time.monotonic()
         width = batch[0].n_tokens  # an image's patches: what its row costs in the batch budget
-        try:
-            collect = self._runner.launch_images(np.stack([item.pixels for item in batch]))
-        except Exception as exc:
-            return _Launched(batch, None, started, width, exc)
+        collect = self._runner.launch_images(np.stack([item.pixels for item in batch]))
         return _Launched(batch, collect, started, width)
 
     def _launch_with_images(self, batch: list[WorkItem]) -> _Launched:
         (item,) = batch
         started = time.monotonic()
-        try:
-            collect = self._runner.launch_with_images(np.array([item.ids], dtype=np.int32), item.images)
-        except Exception as exc:
-            return _Launched(batch, None, started, item.n_tokens, exc)
+        collect = self._runner.launch_with_images(np.array([item.ids], dtype=np.int32), item.images)
         return _Launched(batch, collect, started, item.n_tokens)
 
     def _finish(self, launched: _Launched) -> None:

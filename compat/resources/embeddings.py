@@ -4,13 +4,13 @@ from __future__ import annotations
 import falcon
 
 from compat.errors import bad_request, check_client_batch
-from compat.media import image_input, request_media_policy
+from compat.media import with_images
 from compat.models import EMBEDDING
 from compat.resources.leasing import model_request
 from compat.routing import Models, Served
 from compat.wire.embeddings import parse_embeddings_request, render_embeddings_response
 from compat.wire.inputs import Prompt, has_media
-from engine.types import EmbedResult, Pooling
+from engine.types import EmbedResult, ImageInput, Pooling
 
 POOLING_NONE_OAI = "Pooling type 'none' is not OAI compatible. Please use a different pooling type"
 
@@ -38,18 +38,17 @@ class EmbeddingsResource:
         resp.media = render_embeddings_response(request, result, served.name)
 
 
-
 def embed_request_prompts(served: Served, prompts: list[Prompt], truncate: bool | None, prompt_name: str | None,
                           instruction: str | None) -> EmbedResult:
     """A request's prompts through the engine: images fetched here (the engine decodes them, and tokenizes the
     texts, off its thread); prompt_name / instruction applied as the model's family does."""
     engine = served.engine
     engine.check_count(len(prompts))  # before any image is fetched
-    policy = request_media_policy(prompts, served.settings)
+    labels = [f"input {i}" for i in range(len(prompts))]
     if engine.info.vision_language:  # the family formats texts and images alike
-        inputs = [image_input(f"input {i}", p, policy) if has_media(p) else p for i, p in enumerate(prompts)]
-        return engine.embed_prompts(inputs, truncate=truncate, timeout_s=served.remaining_s,
-                                    prompt_name=prompt_name, instruction=instruction)
+        return engine.embed_prompts(with_images(labels, prompts, served.settings), truncate=truncate,
+                                    timeout_s=served.remaining_s, prompt_name=prompt_name, instruction=instruction)
     texts = iter(engine.format_prompts([p for p in prompts if not has_media(p)], prompt_name, instruction, truncate))
-    inputs = [image_input(f"input {i}", p, policy) if has_media(p) else next(texts) for i, p in enumerate(prompts)]
-    return engine.embed_prompts(inputs, truncate=truncate, timeout_s=served.remaining_s)
+    inputs = with_images(labels, prompts, served.settings)
+    return engine.embed_prompts([item if isinstance(item, ImageInput) else next(texts) for item in inputs],
+                                truncate=truncate, timeout_s=served.remaining_s)

@@ -14,11 +14,11 @@ import uuid
 import falcon
 
 from compat.errors import bad_request, check_client_batch
-from compat.media import image_input, request_media_policy
 from compat.models import EMBEDDING
 from compat.resources.leasing import model_request
+from compat.resources.rerank import fetch_query_documents
 from compat.routing import Models
-from compat.wire.inputs import Prompt, has_media
+from compat.wire.inputs import Prompt
 from compat.wire.rerank import Item, parse_rerank_request, render_rerank_response
 
 
@@ -36,9 +36,7 @@ class MaxSimResource:
             check_client_batch(len(request.items), served.settings.max_client_batch_size, "documents")
             served.engine.check_count(len(request.items) + 1)  # before any image is fetched
             prompts = [_prompt(item) for item in (request.query, *request.items)]
-            policy = request_media_policy(prompts, served.settings)
-            labels = ["query", *(f"document {i}" for i in range(len(request.items)))]
-            inputs = [image_input(label, p, policy) if has_media(p) else p for label, p in zip(labels, prompts)]
+            inputs = fetch_query_documents(prompts, served.settings)
             result = served.engine.maxsim(inputs[0], inputs[1:], truncate=request.truncate,
                                           timeout_s=served.remaining_s)
             served.record(result)

@@ -6,10 +6,12 @@ import uuid
 import falcon
 
 from compat.errors import check_client_batch
-from compat.media import MediaPolicy, image_input, request_media_policy
+from compat.media import with_images
 from compat.models import RERANK
 from compat.resources.leasing import model_request
 from compat.routing import Models
+from compat.settings import Settings
+from compat.wire.inputs import Prompt
 from compat.wire.rerank import Item, parse_rerank_request, render_rerank_response
 from engine.types import ImageInput
 
@@ -25,17 +27,16 @@ class RerankResource:
                                            takes_images=served.engine.info.takes_images)
             check_client_batch(len(request.items), served.settings.max_client_batch_size, "documents")
             served.engine.check_count(len(request.items))  # before any image is fetched
-            items = [request.query, *request.items]
-            # images are fetched here (the query's once); the engine decodes them off its thread
-            policy = request_media_policy([item for item in items if not isinstance(item, str)], served.settings)
-            query = _engine_item("query", request.query, policy)
-            documents = [_engine_item(f"document {i}", item, policy) for i, item in enumerate(request.items)]
+            query, *documents = fetch_query_documents([request.query, *request.items], served.settings)
             result = served.engine.rerank(query, documents, truncate=request.truncate,
                                           instruction=request.instruction, timeout_s=served.remaining_s)
             served.record(result)
         resp.media = render_rerank_response(request, result, served.name, response_id=str(uuid.uuid4()))
 
 
-def _engine_item(label: str, item: Item, policy: MediaPolicy | None) -> str | ImageInput:
-    """The text, or the text pieces and fetched images in order (an item may hold several images)."""
-    return item if isinstance(item, str) else image_input(label, item, policy)
+
+def fetch_query_documents(items: list[Item], settings: Settings) -> list[str | Prompt | ImageInput]:
+    """The query then the documents, images fetched here (the query's once); the engine decodes them off its
+    thread. Errors name "query" or "document i"."""
+    labels = ["query", *(f"document {i}" for i in range(len(items) - 1))]
+    return with_images(labels, items, settings)

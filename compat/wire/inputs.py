@@ -21,7 +21,6 @@ import orjson
 from compat.errors import bad_request
 
 
-
 @dataclass(frozen=True)
 class MediaRef:
     """An image as the request names it: a data: URL, a file:// or http(s):// URL, or bare base64."""
@@ -146,12 +145,18 @@ def _object_prompt(value: dict[str, Any], takes_images: bool) -> Prompt:
     return _multimodal_prompt(value, takes_images)
 
 
+def _content_parts(value: Any, takes_images: bool) -> Prompt | None:
+    """A non-empty list of content parts: one input made of them; None for any other value."""
+    if isinstance(value, list) and value and all(_is_content_part(part) for part in value):
+        return [_content_part(part, takes_images) for part in value]
+    return None
+
+
 def _subprompt(value: Any, takes_images: bool) -> Prompt:
     if isinstance(value, dict):
         return _object_prompt(value, takes_images)
-    if isinstance(value, list) and value and all(_is_content_part(part) for part in value):
-        return [_content_part(part, takes_images) for part in value]  # several content parts: one input
-    return parse_mixed_prompt(value)
+    parts = _content_parts(value, takes_images)
+    return parse_mixed_prompt(value) if parts is None else parts
 
 
 def parse_media_item(value: Any) -> Prompt | None:
@@ -159,9 +164,7 @@ def parse_media_item(value: Any) -> Prompt | None:
     (whatever the model takes: the caller checks); None when `value` is none of those forms."""
     if isinstance(value, dict) and (_is_content_part(value) or "prompt_string" in value):
         return _object_prompt(value, True)
-    if isinstance(value, list) and value and all(_is_content_part(part) for part in value):
-        return [_content_part(part, True) for part in value]
-    return None
+    return _content_parts(value, True)
 
 
 def has_media(prompt: Prompt) -> bool:

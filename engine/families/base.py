@@ -8,6 +8,7 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 
 from engine.errors import UnsupportedCheckpoint
 
@@ -135,6 +136,13 @@ def _gelu_erf_arithmetic(x: mx.array) -> mx.array:
 gelu_erf = mx.compile(_gelu_erf_arithmetic, shapeless=True)
 
 
+class GeluErf(nn.Module):
+    """torch's nn.GELU() (the erf form) as a weightless layer, so a Sequential's list keeps the checkpoint's indices."""
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return gelu_erf(x)
+
+
 _ACTIVATIONS = {
     "gelu": gelu_erf,  # erf GELU, as transformers' "gelu" (not the tanh approximation)
     "gelu_new": gelu_tanh,
@@ -247,3 +255,26 @@ def is_bidirectional(model_type: str | None, is_causal: bool | None, use_bidirec
     """A decoder trained without the causal mask (LLM2Vec / Nemotron-embed's llama_bidirec, EmbeddingGemma), as
     its config.json says it; the registry (default pooling) and the families (the mask) both decide by this."""
     return model_type == "llama_bidirec" or is_causal is False or bool(use_bidirectional_attention)
+
+
+def pixel_shuffle(patches: mx.array, factor: int) -> mx.array:
+    """[T, side*side, C] row-major patch states -> [T, (side/factor)^2, C * factor^2]: each factor x factor block
+    becomes one token (InternVL's pixel_shuffle v2, Idefics3's connector): a row's neighbours side by side, then
+    the block's rows, on a transposed grid transposed back."""
+    t, n, c = patches.shape
+    side = math.isqrt(n)
+    x = patches.reshape(t, side, side // factor, c * factor).transpose(0, 2, 1, 3)
+    x = x.reshape(t, side // factor, side // factor, c * factor * factor).transpose(0, 2, 1, 3)
+    return x.reshape(t, -1, c * factor * factor)
+
+
+def place_image_features(embeds: mx.array, is_image: np.ndarray, features: mx.array) -> mx.array:
+    """Input embeddings [B, L, D] with the image-token positions (is_image [B, L]) taking the rows of features
+    [N, D], in row-major order: how a vision-language family merges its tower's output into the prompt."""
+    slots = np.flatnonzero(is_image.reshape(-1))
+    if len(slots) != features.shape[0]:
+        raise ValueError(f"{len(slots)} image tokens for {features.shape[0]} image features")
+    batch, length, width = embeds.shape
+    flat = embeds.reshape(batch * length, width)
+    flat[mx.array(slots.astype(np.int32))] = features.astype(embeds.dtype)
+    return flat.reshape(batch, length, width)

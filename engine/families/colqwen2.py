@@ -21,7 +21,7 @@ import numpy as np
 
 from engine.errors import InvalidInput, UnsupportedCheckpoint
 from engine.families import qwen2, qwen2_5_vl, qwen2_vl
-from engine.families.base import Trunk
+from engine.families.base import Trunk, place_image_features
 from engine.families.qwen2_vl import TextModel, text_args
 from engine.families.qwen3_vl import Grid, rope_index
 
@@ -121,11 +121,7 @@ class Model(Trunk):
             count = int(np.prod(grid))
             features.append(self.visual(patches[start:start + count], grid))
             start += count
-        batch, length, width = x.shape
-        flat = x.reshape(batch * length, width)
-        flat[mx.array(np.flatnonzero(ids.reshape(-1) == self.image_token_id).astype(np.int32))] = \
-            mx.concatenate(features).astype(x.dtype)
-        return flat.reshape(batch, length, width)
+        return place_image_features(x, ids == self.image_token_id, mx.concatenate(features))
 
     def sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
         """Every layout -> model.* (decoder), visual.*, custom_text_proj.*; the LM head and rotary buffers go."""

@@ -20,7 +20,7 @@ import numpy as np
 
 from engine.errors import UnsupportedCheckpoint
 from engine.families import llama, siglip
-from engine.families.base import Trunk
+from engine.families.base import Trunk, pixel_shuffle, place_image_features
 
 PROJECTION_WIDTH = 128  # ColIdefics3's `linear`: the width of every token vector
 
@@ -64,19 +64,6 @@ class ModelArgs:
         return self.vision.n_patches // self.scale_factor ** 2
 
 
-class VisionTower(nn.Module):
-    """SigLIP's vision transformer up to its post-layernorm: one hidden state per patch."""
-
-    def __init__(self, args: VisionArgs):
-        super().__init__()
-        self.embeddings = siglip.VisionEmbeddings(args)
-        self.encoder = siglip.Encoder(args)
-        self.post_layernorm = nn.LayerNorm(args.hidden_size, eps=args.layer_norm_eps)
-
-    def __call__(self, pixels: mx.array) -> mx.array:
-        return self.post_layernorm(self.encoder(self.embeddings(pixels)))
-
-
 class ModalityProjection(nn.Module):
     def __init__(self, in_dims: int, out_dims: int):
         super().__init__()
@@ -93,23 +80,14 @@ class Connector(nn.Module):
         self.modality_projection = ModalityProjection(args.vision.hidden_size * self.scale ** 2,
                                                       args.text.hidden_size)
 
-    def pixel_shuffle(self, x: mx.array) -> mx.array:
-        """[T, side*side, D] patches -> [T, (side/s)^2, D*s*s]: each s x s block of patches becomes one token,
-        in transformers' order (a row's s neighbours side by side, then the s rows of the block)."""
-        tiles, seq, dim = x.shape
-        side, s = int(round(seq ** 0.5)), self.scale
-        x = x.reshape(tiles, side, side // s, dim * s).transpose(0, 2, 1, 3)
-        x = x.reshape(tiles, side // s, side // s, dim * s * s).transpose(0, 2, 1, 3)
-        return x.reshape(tiles, seq // (s * s), dim * s * s)
-
     def __call__(self, patches: mx.array) -> mx.array:
-        return self.modality_projection(self.pixel_shuffle(patches))
+        return self.modality_projection(pixel_shuffle(patches, self.scale))
 
 
 class Idefics3Model(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
-        self.vision_model = VisionTower(args.vision)
+        self.vision_model = siglip.VisionTransformer(args.vision, with_head=False)
         self.connector = Connector(args)
         self.text_model = llama.DecoderModel(args.text)
 
@@ -144,15 +122,12 @@ class Model(Trunk):
         text_model = self.model.text_model
         x = text_model.embed(input_ids)
         features = mx.concatenate([self.image_features(image["pixel_values"]) for image in images], axis=0)
-        slots = np.flatnonzero(np.array(input_ids[0]) == self.args.image_token_id)
-        if len(slots) != features.shape[0]:
-            raise ValueError(f"the prompt has {len(slots)} image tokens for {features.shape[0]} image features")
-        x[0, mx.array(slots)] = features.astype(x.dtype)
+        x = place_image_features(x, np.array(input_ids) == self.args.image_token_id, features)
         return self._token_vectors(text_model.decode(x, mx.ones(input_ids.shape, dtype=mx.int32)))
 
     def image_features(self, pixels: mx.array) -> mx.array:
         """One image's tiles [T, C, H, W] -> its image-token features [T * tokens_per_tile, D_text]."""
-        features = self.model.connector(self.model.vision_model(pixels))
+        features = self.model.connector(self.model.vision_model.patch_features(pixels))
         return features.reshape(-1, features.shape[-1])
 
     def _token_vectors(self, hidden: mx.array) -> mx.array:

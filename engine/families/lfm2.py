@@ -154,9 +154,6 @@ class Lfm2Model(llama.DecoderModel):
 
     block = DecoderLayer
 
-    def final_norm(self, args: ModelArgs) -> nn.Module:
-        return nn.RMSNorm(args.hidden_size, eps=args.norm_eps)
-
     def layer_masks(self, attention_mask: mx.array, kinds: set[str]) -> dict[str, mx.array]:
         masks = super().layer_masks(attention_mask, kinds - {CONV})
         if CONV in kinds:  # padding zeroed before the convolution, as transformers does

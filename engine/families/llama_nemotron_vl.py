@@ -23,10 +23,11 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 
 from engine.errors import UnsupportedCheckpoint
 from engine.families import llama, siglip
-from engine.families.base import Trunk, gelu_erf
+from engine.families.base import GeluErf, Trunk, pixel_shuffle, place_image_features
 
 IMAGE_START, IMAGE_END, IMAGE_CONTEXT = "<img>", "</img>", "<IMG_CONTEXT>"
 FAMILY = "llama_nemotron_vl"
@@ -83,25 +84,6 @@ class ModelArgs:
         return (self.vision.image_size // self.vision.patch_size // self.shuffle_factor) ** 2
 
 
-def pixel_shuffle(patches: mx.array, factor: int) -> mx.array:
-    """InternVL's pixel_shuffle (v2) on [T, N, C] row-major patch states -> [T, N / factor^2, C * factor^2].
-
-    Written as its two reshape-transpose rounds: pairs of neighbouring columns are merged first, then (on the
-    transposed grid) pairs of rows, and the grid is transposed back."""
-    t, n, c = patches.shape
-    side = math.isqrt(n)
-    x = patches.reshape(t, side, side // factor, c * factor).transpose(0, 2, 1, 3)
-    x = x.reshape(t, side // factor, side // factor, c * factor * factor).transpose(0, 2, 1, 3)
-    return x.reshape(t, -1, c * factor * factor)
-
-
-class ErfGELU(nn.Module):
-    """torch.nn.GELU() (exact erf form), at index 2 of the mlp1 Sequential; it has no weights."""
-
-    def __call__(self, x: mx.array) -> mx.array:
-        return gelu_erf(x)
-
-
 class VisionModel(nn.Module):
     """transformers' SiglipVisionModel wrapper, whose tower sits one level down (`vision_model.vision_model.`)."""
 
@@ -119,18 +101,9 @@ class Model(Trunk):
         self.args = args.llm  # what the engine reads: hidden_size, max_position_embeddings
         self.vision_model = VisionModel(args.vision)
         width = args.vision.hidden_size * args.shuffle_factor ** 2
-        self.mlp1 = [nn.LayerNorm(width), nn.Linear(width, args.llm.hidden_size), ErfGELU(),
+        self.mlp1 = [nn.LayerNorm(width), nn.Linear(width, args.llm.hidden_size), GeluErf(),
                      nn.Linear(args.llm.hidden_size, args.llm.hidden_size)]
         self.language_model = llama.DecoderModel(args.llm)
-
-    @property
-    def tile_size(self) -> int:
-        """The square tile side the vision tower takes."""
-        return self.config.vision.image_size
-
-    @property
-    def tokens_per_tile(self) -> int:
-        return self.config.tokens_per_tile
 
     @property
     def image_token_id(self) -> int:
@@ -155,14 +128,8 @@ class Model(Trunk):
         The number of context tokens must equal tiles * tokens_per_tile: the prompt was expanded for these tiles."""
         tiles = mx.concatenate([image["pixel_values"] for image in images], axis=0)
         features = self.image_features(tiles)
-        is_image = input_ids == self.config.image_token_id
-        count = int(mx.sum(is_image).item())
-        if count != features.shape[0]:
-            raise ValueError(f"{FAMILY}: {count} image context tokens for {features.shape[0]} image features")
-        embeds = self.language_model.embed(input_ids)
-        # the k-th context token (in row-major order) reads feature row k; other positions keep their embedding
-        order = mx.maximum(mx.cumsum(is_image.reshape(-1).astype(mx.int32)) - 1, 0).reshape(input_ids.shape)
-        merged = mx.where(is_image[..., None], features.astype(embeds.dtype)[order], embeds)
+        merged = place_image_features(self.language_model.embed(input_ids),
+                                      np.array(input_ids) == self.config.image_token_id, features)
         return self.language_model.decode(merged, mx.ones(input_ids.shape, dtype=mx.int32))
 
     def sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:

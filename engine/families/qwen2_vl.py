@@ -23,7 +23,15 @@ import numpy as np
 
 from engine.errors import InvalidInput, UnsupportedCheckpoint
 from engine.families import llama, qwen2
-from engine.families.base import BaseModelArgs, activation, attention, gelu_erf, rotate, split_heads
+from engine.families.base import (
+    BaseModelArgs,
+    GeluErf,
+    activation,
+    attention,
+    rope_inverse_frequencies,
+    rotate,
+    split_heads,
+)
 
 
 @dataclass
@@ -114,19 +122,12 @@ class VisionAttention(nn.Module):
         return self.proj(attention(q, k, v, mask))
 
 
-class Gelu(nn.Module):
-    """The merger's exact (erf) GELU, as a parameterless layer so the MLP list keeps the checkpoint's indices."""
-
-    def __call__(self, x: mx.array) -> mx.array:
-        return gelu_erf(x)
-
-
 class PatchMerger(nn.Module):
     def __init__(self, args: VisionArgs, norm: type[nn.Module] = nn.LayerNorm):
         super().__init__()
         width = args.width * args.spatial_merge_size ** 2
         self.ln_q = norm(args.width, eps=1e-6)
-        self.mlp = [nn.Linear(width, width), Gelu(), nn.Linear(width, args.out_width)]
+        self.mlp = [nn.Linear(width, width), GeluErf(), nn.Linear(width, args.out_width)]
 
     def __call__(self, x: mx.array) -> mx.array:
         """[n_patches, D], each block's patches consecutive -> [n_patches / merge^2, out_width]."""
@@ -140,12 +141,18 @@ class PatchMerger(nn.Module):
 def vision_rotary(grid_h: int, grid_w: int, args: VisionArgs) -> tuple[mx.array, mx.array]:
     """cos, sin [n_patches, head_dim] in the processor's block-major patch order: the first half of each head's
     bands turns with the patch's row, the second with its column (same frequencies), rotate-half layout."""
-    spatial = args.head_dim // 2
-    inv_freq = 1.0 / (args.rope_theta ** (np.arange(0, spatial, 2, dtype=np.float32) / spatial))
     rows, cols = np.meshgrid(np.arange(grid_h), np.arange(grid_w), indexing="ij")
     m = args.spatial_merge_size
     shape = (grid_h // m, m, grid_w // m, m)
     rows, cols = (a.reshape(shape).transpose(0, 2, 1, 3).reshape(-1) for a in (rows, cols))
+    return axial_rotary(rows, cols, args.head_dim, args.rope_theta)
+
+
+def axial_rotary(rows: np.ndarray, cols: np.ndarray, head_dim: int, theta: float) -> tuple[mx.array, mx.array]:
+    """cos, sin [N, head_dim] of the Qwen-VL towers' 2-D rotary for patches at (rows, cols): one table of
+    head_dim / 4 frequencies, turned by the row in the first half of the bands and by the column in the second."""
+    spatial = head_dim // 2
+    inv_freq = 1.0 / (theta ** (np.arange(0, spatial, 2, dtype=np.float32) / spatial))
     angles = np.concatenate([rows[:, None] * inv_freq, cols[:, None] * inv_freq], axis=-1).astype(np.float32)
     angles = mx.array(np.concatenate([angles, angles], axis=-1))
     return mx.cos(angles), mx.sin(angles)
@@ -211,10 +218,14 @@ class VisionModel(nn.Module):
 
 # -- decoder with M-RoPE -------------------------------------------------------------------------------------
 
-def mrope_tables(positions: mx.array, head_dim: int, theta: float, section: list[int]) -> tuple[mx.array, mx.array]:
-    """positions [3, B, L] -> cos, sin [B, 1, L, head_dim]: frequency band j reads axis (section index of j) % 3."""
-    inv_freq = 1.0 / (theta ** (mx.arange(0, head_dim, 2).astype(mx.float32) / head_dim))
-    axis = np.concatenate([np.full(size, i % 3) for i, size in enumerate(section)])
+def sectioned_axes(section: list[int]) -> np.ndarray:
+    """Qwen2-VL's M-RoPE: which position axis (0 t, 1 h, 2 w) each frequency reads, in contiguous bands of
+    section[0], section[1], section[2] frequencies."""
+    return np.concatenate([np.full(size, i % 3) for i, size in enumerate(section)])
+
+
+def mrope_tables(positions: mx.array, inv_freq: mx.array, axis: np.ndarray) -> tuple[mx.array, mx.array]:
+    """positions [3, B, L] -> cos, sin [B, 1, L, head_dim], frequency i turning with position axis axis[i]."""
     chosen = positions.transpose(1, 2, 0)[..., mx.array(axis)]  # [B, L, head_dim / 2]
     angles = chosen.astype(mx.float32) * inv_freq
     angles = mx.concatenate([angles, angles], axis=-1)[:, None]
@@ -231,8 +242,8 @@ class TextModel(llama.DecoderModel):
     def run(self, x: mx.array, attention_mask: mx.array, positions: mx.array) -> mx.array:
         args = self.args
         kinds = set(args.layer_types)
-        cos, sin = (t.astype(x.dtype) for t in mrope_tables(positions, args.head_dim, args.rope["rope_theta"],
-                                                           self.mrope_section))
+        inv_freq = rope_inverse_frequencies(args.head_dim, args.rope)
+        cos, sin = (t.astype(x.dtype) for t in mrope_tables(positions, inv_freq, sectioned_axes(self.mrope_section)))
         masks = self.layer_masks(attention_mask, kinds)
         for layer in self.layers:
             x = layer(x, masks[layer.layer_type], cos, sin)

@@ -27,7 +27,16 @@ import numpy as np
 
 from engine.errors import UnsupportedCheckpoint
 from engine.families import llama, qwen3
-from engine.families.base import BaseModelArgs, Trunk, activation, rope_inverse_frequencies, rotate, softmax
+from engine.families.qwen2_vl import axial_rotary, mrope_tables
+from engine.families.base import (
+    BaseModelArgs,
+    Trunk,
+    activation,
+    place_image_features,
+    rope_inverse_frequencies,
+    rotate,
+    softmax,
+)
 
 Grid = tuple[int, int, int]  # (t, h, w) in patches, as image_grid_thw
 
@@ -240,12 +249,9 @@ class VisionModel(nn.Module):
     def rotary(self, geometry: VisionGeometry) -> tuple[mx.array, mx.array]:
         """cos and sin [N, 1, Dh]: the first half of each head's frequencies turn with the row, the rest with
         the column (one frequency table of Dh / 4 entries shared by both axes)."""
-        head_dim = self.args.hidden_size // self.args.num_heads
-        quarter = head_dim // 2
-        inv_freq = 1.0 / (self.args.rope_theta ** (np.arange(0, quarter, 2, dtype=np.float32) / quarter))
-        angles = np.concatenate([geometry.rows[:, None] * inv_freq, geometry.cols[:, None] * inv_freq], axis=-1)
-        angles = mx.array(np.concatenate([angles, angles], axis=-1).astype(np.float32))[:, None]
-        return mx.cos(angles), mx.sin(angles)
+        cos, sin = axial_rotary(geometry.rows, geometry.cols, self.args.hidden_size // self.args.num_heads,
+                                self.args.rope_theta)
+        return cos[:, None], sin[:, None]
 
     def __call__(self, patches: mx.array, grids: Sequence[Grid]) -> tuple[mx.array, list[mx.array]]:
         """Flattened patches [N, C*T*P*P] of these images -> merged tokens [N / merge^2, D_text] and the
@@ -309,18 +315,14 @@ def rope_index(input_ids: np.ndarray, attention_mask: np.ndarray, grids: Sequenc
     return positions
 
 
-def mrope_tables(positions: mx.array, inv_freq: mx.array, section: Sequence[int]) -> tuple[mx.array, mx.array]:
-    """cos and sin [B, 1, L, Dh] for [3, B, L] positions with interleaved sections: frequency i turns with the
-    height position when i % 3 == 1 and i < 3 * section[1], the width when i % 3 == 2 and i < 3 * section[2],
-    else with the temporal one."""
-    i = np.arange(inv_freq.shape[0])
+def interleaved_axes(n_freq: int, section: Sequence[int]) -> np.ndarray:
+    """Qwen3-VL's interleaved M-RoPE: frequency i turns with the height position when i % 3 == 1 and
+    i < 3 * section[1], the width when i % 3 == 2 and i < 3 * section[2], else with the temporal one."""
+    i = np.arange(n_freq)
     axis = np.zeros_like(i)
     axis[(i % 3 == 1) & (i < 3 * section[1])] = 1
     axis[(i % 3 == 2) & (i < 3 * section[2])] = 2
-    per_freq = positions.transpose(1, 2, 0)[..., mx.array(axis)]  # [B, L, Dh / 2]
-    angles = per_freq.astype(mx.float32) * inv_freq
-    angles = mx.concatenate([angles, angles], axis=-1)[:, None]
-    return mx.cos(angles), mx.sin(angles)
+    return axis
 
 
 class TextModel(llama.DecoderModel):
@@ -332,7 +334,8 @@ class TextModel(llama.DecoderModel):
         (zero outside image tokens). Returns the final normed hidden states."""
         args = self.args
         inv_freq = rope_inverse_frequencies(args.head_dim, args.rope)
-        cos, sin = (t.astype(embeds.dtype) for t in mrope_tables(positions, inv_freq, args.mrope_section))
+        axis = interleaved_axes(inv_freq.shape[0], args.mrope_section)
+        cos, sin = (t.astype(embeds.dtype) for t in mrope_tables(positions, inv_freq, axis))
         mask = self.layer_masks(attention_mask, {llama.FULL})[llama.FULL]
         x = embeds
         for i, layer in enumerate(self.layers):
@@ -386,16 +389,10 @@ class Model(Trunk):
         deepstack: list[mx.array] = []
         if grids:
             features, stacked = self.model.visual(patches, grids)
-            # each image token's feature row; other tokens point at an appended zero row
             is_image = ids_np == self.args.image_token_id
-            source = np.full(ids_np.shape, features.shape[0], dtype=np.int32)
-            source[is_image] = np.arange(int(is_image.sum()), dtype=np.int32)
-            if int(is_image.sum()) != features.shape[0]:
-                raise ValueError(f"{int(is_image.sum())} image tokens for {features.shape[0]} image features")
-            source, zero = mx.array(source), mx.zeros((1, features.shape[1]), dtype=embeds.dtype)
-            embeds = mx.where(mx.array(is_image)[..., None], mx.concatenate([features.astype(embeds.dtype), zero])[source],
-                              embeds)
-            deepstack = [mx.concatenate([f.astype(embeds.dtype), zero])[source] for f in stacked]
+            embeds = place_image_features(embeds, is_image, features)
+            # DeepStack features are added, so zero outside the image tokens
+            deepstack = [place_image_features(mx.zeros_like(embeds), is_image, f) for f in stacked]
         return self.model.language_model(embeds, attention_mask, positions, deepstack)
 
     def embed_with_images(self, input_ids: mx.array, images: list[dict[str, mx.array]]) -> mx.array:

@@ -70,7 +70,7 @@ def test_grid_choice_follows_the_seed():
 def test_model_reads_the_published_layout(loaded):
     model = loaded.model
     assert loaded.family == "llama_nemotron_vl" and loaded.hidden_size == 64
-    assert model.tokens_per_tile == fx.TOKENS_PER_TILE and model.tile_size == fx.TILE
+    assert model.config.tokens_per_tile == fx.TOKENS_PER_TILE and model.config.vision.image_size == fx.TILE
     assert "head" not in model.vision_model.vision_model  # SigLIP's pooling head is dropped at load
 
 
@@ -92,7 +92,7 @@ def embed_texts(model, rows: list[list[int]]) -> list[np.ndarray]:
 def embed_image_input(model, tok, tiler, text: str, data: bytes) -> tuple[list[int], np.ndarray]:
     """One image input (its own pass): the expanded ids and the pooled vector."""
     tiles = tiler(decoded(data))
-    ids = tok("passage: " + family.image_block(len(tiles) * model.tokens_per_tile) + text).input_ids
+    ids = tok("passage: " + family.image_block(len(tiles) * model.config.tokens_per_tile) + text).input_ids
     hidden = model.embed_with_images(mx.array([ids]), [{"pixel_values": mx.array(tiles)}])
     return ids, _pooled(hidden, [len(ids)])[0]
 
@@ -127,7 +127,7 @@ def test_context_count_must_match_the_tiles(built, loaded, tiler):
     model = loaded.model
     tiles = tiler(decoded(fx.images()["landscape"]))
     ids = tok("passage: " + family.image_block(3)).input_ids
-    with pytest.raises(ValueError, match="image context tokens"):
+    with pytest.raises(ValueError, match="image tokens for"):
         model.embed_with_images(mx.array([ids]), [{"pixel_values": mx.array(tiles)}])
 
 
