@@ -130,12 +130,12 @@ def read(path: Path, label: str = "") -> Checkpoint:
 
         return read_gguf(path, label or str(path))
     config = _read_json(path / "config.json")
-    tokenizer_config = _read_json_optional(path / "tokenizer_config.json")
-    special_tokens = _read_json_optional(path / "special_tokens_map.json")
-    modules = _read_json_optional(path / "modules.json") or []  # sentence-transformers' module list
+    tokenizer_config = read_json_optional(path / "tokenizer_config.json")
+    special_tokens = read_json_optional(path / "special_tokens_map.json")
+    modules = read_json_optional(path / "modules.json") or []  # sentence-transformers' module list
     pooling = _read_pooling(path / "1_Pooling" / "config.json")
     prompts, default_prompt_name = _read_prompts(path / "config_sentence_transformers.json")
-    sbert = _read_json_optional(path / "sentence_bert_config.json")
+    sbert = read_json_optional(path / "sentence_bert_config.json")
     message = (sbert.get("modality_config") or {}).get("message")
     return Checkpoint(
         path=path,
@@ -172,7 +172,8 @@ def _read_json(path: Path) -> Any:
         raise UnsupportedCheckpoint(f"{path}: invalid JSON: {exc}") from exc
 
 
-def _read_json_optional(path: Path) -> Any:
+def read_json_optional(path: Path) -> Any:
+    """A checkpoint's optional JSON file ({} when absent); invalid JSON is an UnsupportedCheckpoint naming it."""
     return _read_json(path) if path.is_file() else {}
 
 
@@ -224,7 +225,7 @@ def _read_pooling(path: Path) -> Pooling | None:
 
 def _read_prompts(path: Path) -> tuple[dict[str, str], str | None]:
     """sentence-transformers' `prompts` ({name: text}) and `default_prompt_name`, checked to agree."""
-    cfg = _read_json_optional(path)
+    cfg = read_json_optional(path)
     prompts = cfg.get("prompts") or {}
     if not isinstance(prompts, dict) or not all(isinstance(k, str) and isinstance(v, str)
                                                 for k, v in prompts.items()):

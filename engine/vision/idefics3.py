@@ -17,14 +17,13 @@ of one tile: that last block alone), the text is tokenized as a whole, as the re
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from engine.checkpoint import Checkpoint
+from engine.checkpoint import Checkpoint, read_json_optional
 from engine.errors import UnsupportedCheckpoint
 from engine.families.idefics3 import ModelArgs
 from engine.images import InvalidImage, rescale_and_normalize
@@ -186,16 +185,13 @@ def _image_processor_config(checkpoint: Checkpoint) -> tuple[dict, Path]:
     processor_config.json (where recent transformers save it), else the defaults."""
     path = checkpoint.path / "preprocessor_config.json"
     if path.is_file():
-        return json.loads(path.read_text(encoding="utf-8")), path
+        return read_json_optional(path), path
     path = checkpoint.path / "processor_config.json"
     if path.is_file():
-        return json.loads(path.read_text(encoding="utf-8")).get("image_processor") or {}, path
+        return read_json_optional(path).get("image_processor") or {}, path
     return {}, checkpoint.path / "preprocessor_config.json"
 
 
 def _declared_image_seq_len(checkpoint: Checkpoint) -> int | None:
-    path = checkpoint.path / "processor_config.json"
-    if not path.is_file():
-        return None
-    value = json.loads(path.read_text(encoding="utf-8")).get("image_seq_len")
+    value = read_json_optional(checkpoint.path / "processor_config.json").get("image_seq_len")
     return int(value) if value is not None else None

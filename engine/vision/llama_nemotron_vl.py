@@ -13,10 +13,9 @@ Images: engine/image_tiles.py (InternVL dynamic tiling, 512 px tiles and a thumb
 """
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 
-from engine.checkpoint import Checkpoint
+from engine.checkpoint import Checkpoint, read_json_optional
 from engine.errors import UnsupportedCheckpoint
 from engine.families.llama_nemotron_vl import IMAGE_CONTEXT, IMAGE_END, IMAGE_START, ModelArgs, image_block
 from engine.image_tiles import TilingProcessor
@@ -60,7 +59,7 @@ def input_builder(checkpoint: Checkpoint, tokenizer: TextTokenizer) -> NemotronV
     args = ModelArgs.from_dict(checkpoint.config)
     tiler = TilingProcessor.from_checkpoint(checkpoint.path, checkpoint.config, args.vision.image_size)
     path = checkpoint.path / "processor_config.json"
-    processor = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    processor = read_json_optional(path)
     declared = processor.get("num_image_token")
     if declared is not None and declared != args.tokens_per_tile:
         raise UnsupportedCheckpoint(f"{path}: num_image_token {declared}, but the model makes "

@@ -173,3 +173,13 @@ def test_a_1_dense_folder_replaces_the_projection_as_sentence_transformers_loads
         assert_rows_match(eng.embed_prompts([[QUERIES[0]]]).vectors[0], expected)
     finally:
         eng.close()
+
+
+def test_an_unreadable_processor_config_is_a_clear_refusal(tmp_path):
+    from types import SimpleNamespace
+
+    from engine.vision import idefics3 as builder
+
+    (tmp_path / "processor_config.json").write_text("{not json", encoding="utf-8")
+    with pytest.raises(UnsupportedCheckpoint, match="processor_config.json: invalid JSON"):
+        builder._declared_image_seq_len(SimpleNamespace(path=tmp_path))
