@@ -72,7 +72,8 @@ def embed_texts(command: EmbedCommand, out: TextIO) -> int:
         if encoder.info.multi_vector:
             if command.dimensions is not None:
                 raise SettingsError("--dimensions: a multi-vector model keeps its token vectors' full width")
-            found = encoder.embed_token_vectors(command.prompt, images, batch_size=command.batch_size or None)
+            found = encoder.embed_token_vectors(command.prompt, images, batch_size=command.batch_size or None,
+                                                prompt_name=command.prompt_name, instruction=command.instruction)
             return _print_token_vectors(found.rows, found.n_tokens, labels, name, command.json_output, out)
         parts = []
         if command.prompt:

@@ -160,12 +160,15 @@ class Encoder(_Loaded):
         return Embedded(self._finish(raw, p, dimensions), n_tokens)
 
     def embed_token_vectors(self, texts: Sequence[str] = (), images: Sequence[bytes | str | Path] = (), *,
-                            batch_size: int | None = None) -> TokenVectors:
+                            batch_size: int | None = None, prompt_name: str | None = None,
+                            instruction: str | None = None) -> TokenVectors:
         """A multi-vector (late-interaction) model's token vectors: texts, then images (encoded bytes or file
-        paths), one [n_tokens, d] array each; score them with engine.maxsim."""
+        paths), one [n_tokens, d] array each; score them with engine.maxsim. prompt_name / instruction go to the
+        family, which refuses what it does not use (as the server's routes do)."""
         if not self.info.multi_vector:
             raise InvalidInput("this model gives one vector per input: use embed / embed_images")
-        rows, n_tokens = self._embed_prompts([*([text] for text in texts), *_image_inputs(images)], batch_size)
+        rows, n_tokens = self._embed_prompts([*([text] for text in texts), *_image_inputs(images)], batch_size,
+                                             prompt_name, instruction)
         return TokenVectors(rows, n_tokens)
 
     def _one_vector_per_input(self) -> None:

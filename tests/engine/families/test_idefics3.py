@@ -136,6 +136,9 @@ def test_encoder_and_mlx_embed_give_rows_and_the_maxsim_matrix(folder, engine, r
     text = capsys.readouterr().out
     assert text.startswith(f"embedding 0 ({len(expected[0])} tokens, {len(expected[0])} rows of 128 values):\n")
     assert "MaxSim similarity matrix" in text
+    # the family's refusal, as on the server's routes (not silently ignored)
+    assert embed_main(["-m", str(folder), "-p", QUERIES[1], "--instruction", "Find the page"]) == 1
+    assert "builds its own query and document prompts" in capsys.readouterr().err
 
 
 def test_a_1_dense_folder_replaces_the_projection_as_sentence_transformers_loads_it(folder, tmp_path, reference):
