@@ -278,7 +278,8 @@ class Settings(ExplicitSettings):
              "end, chunked bodies included")
     max_client_batch_size: int = option(
         2048, flags=["--max-client-batch-size"], env="LLAMA_ARG_MAX_CLIENT_BATCH_SIZE", metavar="N",
-        group="http", help="most inputs (texts, or documents to rerank) in one request (TEI's flag); more is 413")
+        group="http",
+        help="most inputs (texts, or documents to rerank or score by MaxSim) in one request (TEI's flag); more is 413")
     connection_limit: int = option(
         1000, flags=["--connection-limit"], env="LLAMA_ARG_CONNECTION_LIMIT", metavar="N", group="http",
         help="most open client connections, idle keep-alive ones included; beyond it new connections wait in "
