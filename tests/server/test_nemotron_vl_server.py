@@ -14,8 +14,7 @@ TEXTS = ["query: what does the chart say about 2023 revenue", "passage: Revenue 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    folder, ref = fx.make_checkpoint(tmp_path_factory.mktemp("nemotron-vl-server") / "model")
-    return folder, ref, fx.tokenizer()
+    return fx.built(tmp_path_factory.mktemp("nemotron-vl-server") / "model")
 
 
 @pytest.fixture(scope="module")

@@ -85,6 +85,12 @@ def published_key(key: str) -> str:
     return key
 
 
+def built(folder: Path) -> tuple[Path, object, object]:
+    """(folder, torch reference module, tokenizer): what the model and server tests share."""
+    folder, ref = make_checkpoint(folder)
+    return folder, ref, tokenizer()
+
+
 def make_checkpoint(folder: Path, seed: int = 0):
     """Write the checkpoint; returns (folder, torch reference module)."""
     from safetensors.torch import save_file

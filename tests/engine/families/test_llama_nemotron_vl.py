@@ -23,8 +23,7 @@ MIN_COSINE = 0.9999
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    folder, ref = fx.make_checkpoint(tmp_path_factory.mktemp("nemotron_vl") / "m")
-    return folder, ref, fx.tokenizer()
+    return fx.built(tmp_path_factory.mktemp("nemotron_vl") / "m")
 
 
 @pytest.fixture(scope="module")
