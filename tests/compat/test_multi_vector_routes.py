@@ -16,17 +16,10 @@ from tests.conftest import minilm_dir
 from tests.engine.families import colidefics3_fixture as fx
 from tests.engine.families.test_siglip import png_images
 from tests.engine.helpers import cosine, start_engine
+from tests.server.harness import b64, image_part
 
 IMAGES = png_images(3, seed=11)
 QUERY = "What was the total revenue in 2023?"
-
-
-def b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
-
-
-def image_part(data: bytes) -> dict:
-    return {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{b64(data)}"}}
 
 
 @pytest.fixture(scope="module")

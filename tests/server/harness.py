@@ -1,6 +1,7 @@
 """Start the real server as a subprocess on a loopback port and speak HTTP to it."""
 from __future__ import annotations
 
+import base64
 import os
 import signal
 import socket
@@ -87,6 +88,16 @@ class ServerProcess:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def b64(data: bytes) -> str:
+    """Bytes as the base64 text a multimodal_data entry carries."""
+    return base64.b64encode(data).decode()
+
+
+def image_part(data: bytes) -> dict:
+    """An OpenAI image_url content part holding PNG bytes as a data: URL."""
+    return {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{b64(data)}"}}
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 90) -> subprocess.CompletedProcess:

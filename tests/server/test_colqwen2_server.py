@@ -2,15 +2,13 @@
 vector per token, equal to colpali-engine's."""
 from __future__ import annotations
 
-import base64
-
 import numpy as np
 import pytest
 
 from tests.engine.families import colqwen2_fixture as fixture
 from tests.engine.families.test_colqwen2 import (BLOCK, PAGES, QUERIES, assert_rows_match, document, query,
                                                     reference_rows)
-from tests.server.harness import ServerProcess
+from tests.server.harness import ServerProcess, b64
 
 pytestmark = pytest.mark.filterwarnings("ignore:Palette images with Transparency")
 
@@ -26,13 +24,8 @@ def colpali(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(colpali):
-    srv = ServerProcess("-m", str(colpali[0]), "--embedding", "-t", "2").start()
-    yield srv
-    srv.stop()
-
-
-def b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
+    with ServerProcess("-m", str(colpali[0]), "--embedding", "-t", "2") as srv:
+        yield srv
 
 
 def test_both_request_spellings_give_colpali_engines_token_vectors(server, colpali):

@@ -2,14 +2,12 @@
 the reference composed from transformers' modules (tests/engine/families/nemotron_vl_fixture.py)."""
 from __future__ import annotations
 
-import base64
-
 import pytest
 
 from tests.conftest import parse_metrics
 from tests.engine.families import nemotron_vl_fixture as fx
 from tests.engine.helpers import cosine
-from tests.server.harness import ServerProcess
+from tests.server.harness import ServerProcess, b64, image_part
 
 TEXTS = ["query: what does the chart say about 2023 revenue", "passage: Revenue grew 12% in 2023."]
 
@@ -22,17 +20,8 @@ def built(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(built):
-    srv = ServerProcess("-m", str(built[0]), "--embedding", "-t", "2", "--image-max-count", "4", "--metrics").start()
-    yield srv
-    srv.stop()
-
-
-def b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
-
-
-def image_part(data: bytes) -> dict:
-    return {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{b64(data)}"}}
+    with ServerProcess("-m", str(built[0]), "--embedding", "-t", "2", "--image-max-count", "4", "--metrics") as srv:
+        yield srv
 
 
 def prompt_tokens(server: ServerProcess) -> float:

@@ -2,14 +2,12 @@
 carry the same image to the same vector, the reference's; /props and /v1/models say the model takes images."""
 from __future__ import annotations
 
-import base64
-
 import numpy as np
 import pytest
 
 from tests.engine.families.qwen3_vl_fixture import embedding_reference, make_embedding_checkpoint, png_image
 from tests.engine.helpers import cosine
-from tests.server.harness import ServerProcess, clean_env
+from tests.server.harness import ServerProcess, b64, clean_env, image_part
 
 IMAGES = [png_image(120, 80, 11), png_image(64, 96, 12)]
 CAPTION = "A woman playing with her dog on a beach"
@@ -22,17 +20,8 @@ def checkpoint(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(checkpoint):
-    srv = ServerProcess("-m", str(checkpoint[0]), "--embedding", "-t", "2").start()
-    yield srv
-    srv.stop()
-
-
-def b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
-
-
-def image_part(data: bytes) -> dict:
-    return {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{b64(data)}"}}
+    with ServerProcess("-m", str(checkpoint[0]), "--embedding", "-t", "2") as srv:
+        yield srv
 
 
 def test_multimodal_data_and_content_parts_give_the_reference_vector(server, checkpoint):

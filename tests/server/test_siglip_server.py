@@ -1,14 +1,12 @@
 """A SiglipModel served with `-m DIR --embedding`: text and images through the real server, in one space."""
 from __future__ import annotations
 
-import base64
-
 import pytest
 
 from tests.engine.families.siglip_fixture import TEXT_WIDTH, make_checkpoint
 from tests.engine.families.test_siglip import LONG, TEXTS, image_reference, png_images, reference
 from tests.engine.helpers import cosine
-from tests.server.harness import ServerProcess
+from tests.server.harness import ServerProcess, b64
 
 IMAGES = png_images(3, seed=7)
 
@@ -27,14 +25,9 @@ def media(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(folder, media):
-    srv = ServerProcess("-m", str(folder), "--embedding", "-t", "2", "--media-path", str(media),
-                        "--image-max-count", "4").start()
-    yield srv
-    srv.stop()
-
-
-def b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
+    with ServerProcess("-m", str(folder), "--embedding", "-t", "2", "--media-path", str(media),
+                       "--image-max-count", "4") as srv:
+        yield srv
 
 
 def image_part(url: str) -> dict:

@@ -32,7 +32,7 @@ COLPALI = {"qwen2_5_vl": ("ColQwen2_5", "models/qwen2_5/colqwen2_5/modeling_colq
            "qwen2_vl": ("ColQwen2", "models/qwen2/colqwen2/modeling_colqwen2.py")}
 TEXT = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             max_position_embeddings=4096, rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3],
-                                                            "rope_theta": 1_000_000.0})
+                                                            "rope_theta": 100.0})
 MIN_PIXELS, MAX_PIXELS = 56 * 56, 28 * 28 * 40  # at most 40 image tokens
 
 
