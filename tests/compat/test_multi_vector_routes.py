@@ -47,6 +47,7 @@ def assert_rows(rows, expected) -> None:
     rows = np.asarray(rows)
     assert rows.shape == expected.shape
     assert min(cosine(a, b) for a, b in zip(rows, expected)) >= 0.9999
+    np.testing.assert_allclose(rows, expected, atol=1e-5, rtol=0)
 
 
 def test_every_embedding_route_answers_rows_per_input(client, reference):
