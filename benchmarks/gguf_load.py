@@ -18,9 +18,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import engine  # noqa: E402  (binds the BLAS before mlx loads)
-from engine import checkpoint, registry  # noqa: E402
-from engine.gguf.reader import GGUFFile  # noqa: E402
-from engine.tokenize import open_tokenizer  # noqa: E402
+from engine import checkpoint  # noqa: E402
+from engine.loading import registry
+from engine.loading.gguf.reader import GGUFFile  # noqa: E402
+from engine.text.tokenizer import open_tokenizer  # noqa: E402
 
 
 def load_once(path: Path) -> float:

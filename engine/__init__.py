@@ -1,20 +1,20 @@
 """mlx-embed-server's engine: checkpoints, tokens, MLX families, pooling, the engine thread. No HTTP here.
 
 The optimized BLAS must be bound before MLX is first imported, so it happens on package import, with the
-allocator settings (engine/malloc.py).
+allocator settings (engine/runtime/malloc.py).
 """
-from engine import blas, malloc
+from engine.runtime import blas, malloc
 
 blas.bind()
 malloc.keep_freed_memory()
 
 from engine import errors  # noqa: E402
 from engine.checkpoint import default_model  # noqa: E402
-from engine.normalize import check_dimensions, normalize_embedding  # noqa: E402
-from engine.maxsim import maxsim  # noqa: E402
+from engine.compute.normalize import check_dimensions, normalize_embedding  # noqa: E402
+from engine.compute.maxsim import maxsim  # noqa: E402
 from engine.offline import Encoder, Reranker  # noqa: E402
-from engine.residency import Lease, Residency  # noqa: E402
-from engine.service import Engine  # noqa: E402
+from engine.runtime.residency import Lease, Residency  # noqa: E402
+from engine.runtime.engine import Engine  # noqa: E402
 from engine.types import (  # noqa: E402
                           DEFAULT_MODEL_NAME,
                           EmbedResult,

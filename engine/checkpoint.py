@@ -51,7 +51,7 @@ class Checkpoint:
     dense_folders: tuple[Path, ...] = ()  # modules.json Dense modules (2_Dense, 3_Dense, ...), in order
     # a yes/no reranker's LogitScore module (Qwen3-VL-Reranker's 1_LogitScore): (true_token_id, false_token_id)
     logit_score: tuple[int, int] | None = None
-    gguf: Any = None  # a GGUF file (engine.gguf.reader.GGUFFile); config above is derived from its metadata
+    gguf: Any = None  # a GGUF file (engine.loading.gguf.reader.GGUFFile); config above is derived from its metadata
     label: str = ""  # the path as the user gave it (llama-server reports -m as typed)
 
     @property
@@ -105,7 +105,7 @@ def resolve(model_path: str | None, hf_repo: str | None, offline: bool, hf_file:
     if model_path:
         path = Path(model_path).expanduser()
         if path.is_file():
-            from engine.gguf import is_gguf
+            from engine.loading.gguf import is_gguf
 
             if not is_gguf(path):
                 raise CheckpointNotFound(f"{model_path}: a file that is not GGUF; -m takes a .gguf file or a "
@@ -117,7 +117,7 @@ def resolve(model_path: str | None, hf_repo: str | None, offline: bool, hf_file:
                                      f"nor a .gguf file")
         return path
     if hf_repo:
-        from engine.gguf.hub import resolve_repo  # only -hf needs the hub library
+        from engine.loading.hub import resolve_repo  # only -hf needs the hub library
 
         return resolve_repo(hf_repo, hf_file, offline)
     raise CheckpointNotFound("no model given (-m or -hf) and the bundled default model is not installed")
@@ -126,7 +126,7 @@ def resolve(model_path: str | None, hf_repo: str | None, offline: bool, hf_file:
 def read(path: Path, label: str = "") -> Checkpoint:
     """Read every configuration file of a checkpoint folder, or the metadata of a GGUF file."""
     if path.is_file():
-        from engine.gguf.checkpoint import read as read_gguf
+        from engine.loading.gguf.checkpoint import read as read_gguf
 
         return read_gguf(path, label or str(path))
     config = _read_json(path / "config.json")

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from engine.errors import InputTooLong, InvalidInput
-from engine.normalize import check_dimensions, normalize_embedding
-from engine.service import Engine
+from engine.compute.normalize import check_dimensions, normalize_embedding
+from engine.runtime.engine import Engine
 from engine.types import EngineOptions, ImageInput, ModelInfo, Pooling, RerankItem
 
 # Inputs handed to the engine at once: under its queue bound, large enough to sort by length and fill batches.
@@ -139,7 +139,7 @@ class Encoder(_Loaded):
             texts = [texts]
         p = normalization(normalize)
         check_dimensions(dimensions, self.info.n_embd)
-        if self.info.vision_language:  # the family formats its texts itself (engine/vlm.py)
+        if self.info.vision_language:  # the family formats its texts itself (engine/multimodal/inputs.py)
             self._one_vector_per_input()
             raw, n_tokens = self._embed_prompts([[text] for text in texts], batch_size, prompt_name, instruction)
         else:
@@ -152,7 +152,7 @@ class Encoder(_Loaded):
                      instruction: str | None = None) -> Embedded:
         """Vectors for images (encoded bytes, or image file paths) with what each counts as (its tokens), for
         models that take images; a bad one raises InvalidImage naming it, as the server answers 400.
-        prompt_name / instruction reach the families that build their own prompts (engine/vlm.py) only."""
+        prompt_name / instruction reach the families that build their own prompts (engine/multimodal/inputs.py) only."""
         p = normalization(normalize)
         check_dimensions(dimensions, self.info.n_embd)
         self._one_vector_per_input()
@@ -163,7 +163,7 @@ class Encoder(_Loaded):
                             batch_size: int | None = None, prompt_name: str | None = None,
                             instruction: str | None = None) -> TokenVectors:
         """A multi-vector (late-interaction) model's token vectors: texts, then images (encoded bytes or file
-        paths), one [n_tokens, d] array each; score them with engine.maxsim. prompt_name / instruction go to the
+        paths), one [n_tokens, d] array each; score them with engine.compute.maxsim. prompt_name / instruction go to the
         family, which refuses what it does not use (as the server's routes do)."""
         if not self.info.multi_vector:
             raise InvalidInput("this model gives one vector per input: use embed / embed_images")
@@ -223,7 +223,7 @@ class Encoder(_Loaded):
         present = [i for i, error in enumerate(errors) if error is None]
         vectors = np.zeros((len(texts), size), np.float32)
         n_tokens = [0] * len(texts)
-        if self.info.vision_language:  # the family builds each row's prompt itself (engine/vlm.py)
+        if self.info.vision_language:  # the family builds each row's prompt itself (engine/multimodal/inputs.py)
             self._one_vector_per_input()
             found = self._embed_built_rows(texts, present, errors, batch_size, prompt_name, instruction)
             for i, (vector, n) in found.items():

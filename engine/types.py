@@ -92,7 +92,7 @@ class ModelInfo:
     modalities: tuple[str, ...] = ("text",)  # what an input may be: "text", "image"
     image_tokens: int = 0  # a dual-encoder's image tower: what one image counts as (usage, batch budgets)
     image_token_bounds: tuple[int, int] | None = None  # dynamic-resolution images: fewest and most tokens of one
-    vision_language: bool = False  # text and images interleaved in one input, fed to a decoder (engine/vlm.py)
+    vision_language: bool = False  # text and images interleaved in one input, fed to a decoder (engine/multimodal/inputs.py)
     multi_vector: bool = False  # late interaction: one L2-normalized vector per token, scored by MaxSim
 
     @property
@@ -108,7 +108,7 @@ class ModelInfo:
 class ImageInput:
     """One input holding images: its parts in request order, text pieces (str) and encoded images (bytes:
     PNG, JPEG, ...), which the engine decodes off its thread. A vision-language family receives them in order
-    (engine/vlm.py); a dual-encoder's image tower embeds one image alone and refuses anything beside it."""
+    (engine/multimodal/inputs.py); a dual-encoder's image tower embeds one image alone and refuses anything beside it."""
 
     parts: tuple[str | bytes, ...]
 

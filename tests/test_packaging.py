@@ -36,7 +36,7 @@ def installed(tmp_path_factory) -> Path:
 
 
 def test_installed_package_finds_its_data(installed, tmp_path):
-    probe = ("from engine.prompts import templates_dir; from compat.presets import config_examples_dir; "
+    probe = ("from engine.text.prompts import templates_dir; from compat.presets import config_examples_dir; "
              "import engine, compat; print(engine.__file__); print(templates_dir()); print(config_examples_dir())")
     out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env={"PYTHONPATH": str(installed)},
                          capture_output=True, text=True, check=True).stdout.split()

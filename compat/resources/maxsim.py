@@ -3,7 +3,7 @@
 The body and the answer are the rerank routes' (compat/wire/rerank.py): `query`, `documents` (texts, or images
 in any of the rerank routes' forms), `top_n`, `return_documents`, `truncate`; results sorted by score, `usage`
 counting every input's tokens, image tokens included (the query's too). A score is the sum over the query's
-token vectors of the best dot product with any of the document's (engine/maxsim.py), raw, not averaged. The
+token vectors of the best dot product with any of the document's (engine/compute/maxsim.py), raw, not averaged. The
 query and the documents go through the engine as one embedding request (same batching, limits and /metrics);
 a model that is not multi-vector answers 400.
 """

@@ -4,7 +4,7 @@ ColQwen2_5, or transformers' ColQwen2ForRetrieval export over either; its model_
 The decoder stops at its final norm (the LM head is never loaded); one Linear projects every token's hidden
 state to 128 dimensions, each token vector is L2-normalized and padding rows are zeroed. The result is one
 vector per real token (multi-vector), scored against a query with MaxSim. Prompts and images are prepared by
-engine/vision/colqwen2.py.
+engine/multimodal/builders/colqwen2.py.
 
 Checkpoint layouts (sanitize): colpali-engine merges store model.* (decoder), visual.* and custom_text_proj.*;
 transformers' retrieval export nests everything under vlm. (model.language_model.*, model.visual.*) and names
@@ -108,7 +108,7 @@ class Model(Trunk):
 
     def embed_with_images(self, input_ids: mx.array, images: list[dict[str, mx.array]]) -> mx.array:
         """One input, ids [1, L] whose <|image_pad|> runs the images fill, in order -> token vectors [1, L, 128]
-        (engine/vlm.py's contract; each image's arrays: pixel_values and image_grid_thw)."""
+        (engine/multimodal/inputs.py's contract; each image's arrays: pixel_values and image_grid_thw)."""
         grids = [tuple(int(v) for v in np.array(image["image_grid_thw"])) for image in images]
         patches = mx.concatenate([image["pixel_values"] for image in images]) if images else None
         return self.forward(input_ids, mx.ones(input_ids.shape, dtype=mx.int32), patches, grids)

@@ -1,5 +1,5 @@
 """ColIdefics3 (model_type idefics3, architecture ColIdefics3): late-interaction retrieval on the Idefics3 /
-SmolVLM stack. A multi-vector family (engine/vlm.py): every token's final hidden state goes through one
+SmolVLM stack. A multi-vector family (engine/multimodal/inputs.py): every token's final hidden state goes through one
 Linear (`linear`, 128 wide) and is L2-normalized on its own; MaxSim compares queries with documents.
 
 The stack under `model.`: a SigLIP vision tower without its pooling head (`vision_model`: patches + positions,
@@ -7,7 +7,7 @@ encoder, post-layernorm) over each tile of an image; the connector (`connector`)
 patch grid by `scale_factor` (each scale x scale block of patches becomes one token, its features side by side)
 and projects it with one bias-free Linear to the decoder's width; and a Llama decoder (`text_model`, the
 checkpoint has no LM head). The tiles' features replace the `<image>` tokens of the prompt, in order, before
-the decoder runs. The prompt formats and the image processor are in engine/vision/idefics3.py.
+the decoder runs. The prompt formats and the image processor are in engine/multimodal/builders/idefics3.py.
 """
 from __future__ import annotations
 
@@ -97,7 +97,7 @@ class Model(Trunk):
     embed_with_images."""
 
     multi_vector = True
-    projection_prefix = "linear."  # where a 1_Dense folder's trained projection goes (engine/heads.py)
+    projection_prefix = "linear."  # where a 1_Dense folder's trained projection goes (engine/loading/heads.py)
 
     def __init__(self, args: ModelArgs):
         super().__init__()

@@ -8,7 +8,7 @@ Three known pieces composed (seed 001, "Llama-Nemotron-VL-Embed"):
 - the bidirectional Llama decoder of `llm_config` (LlamaBidirectionalModel) under `language_model.`, whose
   final normed hidden states the engine mean-pools.
 
-An image's tiles (engine/image_tiles.py) each give (image_size / patch_size)^2 * ratio^2 tokens (256 on the
+An image's tiles (engine/multimodal/tiles.py) each give (image_size / patch_size)^2 * ratio^2 tokens (256 on the
 published checkpoint); their features replace the `<IMG_CONTEXT>` token embeddings in order.
 
 Checkpoint keys, as the published export stores them: `vision_model.vision_model.{embeddings,encoder,

@@ -2,7 +2,7 @@
 decoder driven with multimodal rotary positions (M-RoPE). Qwen2.5-VL (engine/families/qwen2_5_vl.py) reuses the
 pieces defined here and changes the tower's blocks.
 
-Vision tower: the flattened patches (engine/images_qwen.py) go through the patch embedding (a Conv3d whose
+Vision tower: the flattened patches (engine/multimodal/qwen_images.py) go through the patch embedding (a Conv3d whose
 kernel equals its stride, so a matmul), blocks of LayerNorm + attention over the whole image with a 2-D rotary
 (row and column of each patch) + a GELU MLP (fc1, fc2), then the merger (LayerNorm, each merge_size x merge_size
 block of patches concatenated, a GELU MLP) into one decoder-width vector per block. One image per call.

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from engine.errors import EmptyInput, InputTooLong, InvalidInput, InvalidTokens, TooManyInputs
-from engine.prompts import format_prompts
+from engine.text.prompts import format_prompts
 from engine.types import EmbedResult, ImageInput, ModelInfo, Pooling, RerankResult, Timings, VocabType
 
 CLS, SEP = 101, 102
@@ -96,7 +96,7 @@ class FakeEngine:
             raise TooManyInputs(n_inputs, self.max_queue_items)
 
     def format_prompts(self, prompts, prompt_name=None, instruction=None, truncate=None):
-        """The engine's rule for a model without a chat template (engine.prompts.format_prompts)."""
+        """The engine's rule for a model without a chat template (engine.text.prompts.format_prompts)."""
         return format_prompts(self.info, prompts, prompt_name, instruction)
 
     def token_pieces(self, ids: Sequence[int]) -> list[str | list[int]]:

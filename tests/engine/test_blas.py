@@ -1,9 +1,9 @@
-"""engine/blas.py: the BLAS threads of -t are shared over the passes computing in the whole process."""
+"""engine/runtime/blas.py: the BLAS threads of -t are shared over the passes computing in the whole process."""
 from __future__ import annotations
 
 import pytest
 
-from engine import blas
+from engine.runtime import blas
 
 
 @pytest.fixture

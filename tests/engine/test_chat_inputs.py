@@ -1,4 +1,4 @@
-"""engine/chat_inputs.py: texts rendered through a checkpoint's chat template, compared with transformers'
+"""engine/text/chat_inputs.py: texts rendered through a checkpoint's chat template, compared with transformers'
 apply_chat_template on the same template and messages (the end-to-end match with sentence-transformers is in
 tests/server/test_prompts_dimensions.py)."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from engine import checkpoint
-from engine.chat_inputs import ChatInputs
+from engine.text.chat_inputs import ChatInputs
 from engine.errors import UnsupportedCheckpoint
 from tests.conftest import minilm_dir
 

@@ -1,4 +1,4 @@
-"""What a checkpoint is served as (engine.registry.kind_of), from config.json, modules.json and 1_Pooling, in
+"""What a checkpoint is served as (engine.loading.registry.kind_of), from config.json, modules.json and 1_Pooling, in
 both modes: sequence classifiers are never embedders, a causal LM is a yes/no reranker only with --reranking
 and only when it is not a sentence-transformers embedding export, anything else is refused with what is served."""
 from __future__ import annotations
@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from engine import checkpoint, registry
+from engine import checkpoint
+from engine.loading import registry
 from engine.errors import UnsupportedCheckpoint
 
 ST_POOLING = {"1_Pooling/config.json": {"pooling_mode_lasttoken": True}}

@@ -11,10 +11,10 @@ import pytest
 from engine import Pooling
 from engine.errors import CheckpointNotFound, UnsupportedCheckpoint
 from engine.checkpoint import Checkpoint
-from engine.gguf import checkpoint as gguf_checkpoint
-from engine.gguf import vocab
-from engine.gguf.reader import GGUFFile
-from engine.gguf.tokenizer import GGUFTokenizer
+from engine.loading.gguf import checkpoint as gguf_checkpoint
+from engine.loading.gguf import vocab
+from engine.loading.gguf.reader import GGUFFile
+from engine.loading.gguf.tokenizer import GGUFTokenizer
 from tests.conftest import gguf_fixture, minilm_dir, smollm2_gguf
 from tests.engine.helpers import cosine, start_engine
 

@@ -1,10 +1,10 @@
-"""engine/gguf/quants.py against the gguf package's reference dequantizer (llama.cpp's own Python port)."""
+"""engine/loading/gguf/quants.py against the gguf package's reference dequantizer (llama.cpp's own Python port)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from engine.gguf import quants
+from engine.loading.gguf import quants
 
 gguf = pytest.importorskip("gguf")
 T = gguf.GGMLQuantizationType

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.gguf.reader import GGUFFile
+from engine.loading.gguf.reader import GGUFFile
 from tests.conftest import gguf_fixture
 from tests.engine.helpers import cosine, hf_hidden, perturb_vectors, start_engine, torch
 
@@ -571,7 +571,7 @@ def test_modern_bert_gguf_ids_and_vectors_equal_transformers_and_llama_server(tm
 def test_modern_bert_gguf_layer_rules_and_refusals():
     """llama.cpp's reading of the window keys; what it would compute differently from us is refused by name."""
     from engine.errors import UnsupportedCheckpoint
-    from engine.gguf.arch import modern_bert
+    from engine.loading.gguf.arch import modern_bert
 
     arch = "modern-bert"
     meta = {f"{arch}.block_count": 4, f"{arch}.embedding_length": 64, f"{arch}.attention.head_count": 4,

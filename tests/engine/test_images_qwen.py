@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from engine.errors import UnsupportedCheckpoint
-from engine.images import InvalidImage
-from engine.images_qwen import QwenImageProcessor
+from engine.multimodal.images import InvalidImage
+from engine.multimodal.qwen_images import QwenImageProcessor
 
 # (name, preprocessor_config.json, the tower's patch_size): a Qwen2.5-VL export (top-level pixel bounds, CLIP
 # statistics) and a Qwen3-VL one (transformers 5's size keys, patch 16, mean and std 0.5)
@@ -216,7 +216,7 @@ def test_the_engine_bounds_dynamic_resolution_processors_only(processors, caplog
     a tile grid) is left alone and the log names the options it does not use."""
     from types import SimpleNamespace
 
-    from engine.service import bound_image_tokens
+    from engine.runtime.engine import bound_image_tokens
     from engine.types import EngineOptions
 
     ours, _ = processors

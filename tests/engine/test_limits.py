@@ -1,9 +1,9 @@
-"""engine/limits.py: llama-server's slot arithmetic and the per-input limit."""
+"""engine/runtime/limits.py: llama-server's slot arithmetic and the per-input limit."""
 from __future__ import annotations
 
 import pytest
 
-from engine import limits
+from engine.runtime import limits
 from engine.errors import InputTooLong
 
 

@@ -1,4 +1,4 @@
-"""engine/malloc.py: a forward pass at a width never seen reuses freed heap memory instead of faulting in fresh pages,
+"""engine/runtime/malloc.py: a forward pass at a width never seen reuses freed heap memory instead of faulting in fresh pages,
 and an unloaded model's memory goes back to the system."""
 from __future__ import annotations
 
@@ -9,8 +9,10 @@ import resource
 import numpy as np
 import pytest
 
-from engine import Engine, EngineOptions, checkpoint, default_model, malloc, registry
-from engine.pipeline import EmbeddingPipeline
+from engine import Engine, EngineOptions, checkpoint, default_model
+from engine.runtime import malloc
+from engine.loading import registry
+from engine.compute.pipeline import EmbeddingPipeline
 from engine.types import Pooling
 
 

@@ -1,4 +1,4 @@
-"""engine/normalize.py against a literal transcription of llama.cpp's common_embd_normalize."""
+"""engine/compute/normalize.py against a literal transcription of llama.cpp's common_embd_normalize."""
 from __future__ import annotations
 
 import math
@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from engine.normalize import normalize_embedding
+from engine.compute.normalize import normalize_embedding
 
 
 def llama_normalize(inp: np.ndarray, embd_norm: int) -> np.ndarray:

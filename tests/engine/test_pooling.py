@@ -1,11 +1,12 @@
-"""engine/pooling.py: every mode through the Engine on MiniLM vs transformers' AutoModel, plus pool() itself."""
+"""engine/compute/pooling.py: every mode through the Engine on MiniLM vs transformers' AutoModel, plus pool() itself."""
 from __future__ import annotations
 
 import mlx.core as mx
 import numpy as np
 import pytest
 
-from engine import Pooling, pooling
+from engine import Pooling
+from engine.compute import pooling
 from engine.errors import UnsupportedCheckpoint
 from tests.engine.helpers import cosine, hf_hidden, load_hf_model, start_engine
 
@@ -20,7 +21,7 @@ MODES = [Pooling.MEAN, Pooling.CLS, Pooling.LAST, Pooling.MAX, Pooling.NONE]
 
 
 def reference_pool(hidden: np.ndarray, mode: Pooling) -> np.ndarray:
-    """Pooling of one unpadded [n, D] row, written independently of engine/pooling.py."""
+    """Pooling of one unpadded [n, D] row, written independently of engine/compute/pooling.py."""
     h = hidden.astype(np.float64)
     return {
         Pooling.MEAN: lambda: h.mean(axis=0),

@@ -1,4 +1,4 @@
-"""engine/registry.py: config.json -> family -> loaded MLX trunk, and the refusals that name what was refused."""
+"""engine/loading/registry.py: config.json -> family -> loaded MLX trunk, and the refusals that name what was refused."""
 from __future__ import annotations
 
 import json
@@ -10,7 +10,8 @@ import pytest
 from mlx.utils import tree_flatten
 from safetensors.numpy import load_file, save_file
 
-from engine import Pooling, checkpoint, registry
+from engine import Pooling, checkpoint
+from engine.loading import registry
 from engine.errors import UnsupportedCheckpoint
 from tests.engine.helpers import hf_hidden, load_hf_model, make_random_bert
 

@@ -1,4 +1,4 @@
-"""engine/residency.py: lazy loads, the LRU cap with pinning, idle unloads, shared copies, reconfiguration.
+"""engine/runtime/residency.py: lazy loads, the LRU cap with pinning, idle unloads, shared copies, reconfiguration.
 
 Most tests use fake engines whose loads the test controls; the last ones load the real MiniLM to show that
 unloading gives its memory back.

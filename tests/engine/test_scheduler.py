@@ -1,4 +1,4 @@
-"""engine/scheduler.py: which waiting inputs make up the next forward pass."""
+"""engine/runtime/scheduler.py: which waiting inputs make up the next forward pass."""
 from __future__ import annotations
 
 import random
@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from engine.scheduler import ALONE, TEXTS, BatchLimits, next_batch, warm_widths
+from engine.runtime.scheduler import ALONE, TEXTS, BatchLimits, next_batch, warm_widths
 
 
 @dataclass

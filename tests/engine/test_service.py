@@ -1,4 +1,4 @@
-"""engine/service.py: the Engine facade on the real MiniLM: batch invariance, limits, truncation, errors."""
+"""engine/runtime/engine.py: the Engine facade on the real MiniLM: batch invariance, limits, truncation, errors."""
 from __future__ import annotations
 
 import json

@@ -1,4 +1,4 @@
-"""engine/tokenize.py on MiniLM's real tokenizer, against transformers' tokenizer for the same folder."""
+"""engine/text/tokenizer.py on MiniLM's real tokenizer, against transformers' tokenizer for the same folder."""
 from __future__ import annotations
 
 import shutil
@@ -7,7 +7,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from engine import VocabType, checkpoint
-from engine.tokenize import TextTokenizer
+from engine.text.tokenizer import TextTokenizer
 
 CLS, SEP, PAD = 101, 102, 0
 TEXTS = ["hello", "Hello World!", "unaffable antidisestablishmentarianism", "Café naïve 東京 🙂", "",

@@ -1,4 +1,4 @@
-"""engine/weights.py: MLX-quantized folders (as mlx-lm / mlx-community write them) and the compute dtype.
+"""engine/loading/weights.py: MLX-quantized folders (as mlx-lm / mlx-community write them) and the compute dtype.
 
 A tiny random checkpoint is quantized with MLX itself (embeddings included), saved in the mlx-community
 layout (`model.` keys, packed `weight` + `scales` + `biases`, config.json `quantization`), and served; the
@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-from engine import Pooling, checkpoint, registry, weights
+from engine import Pooling, checkpoint
+from engine.loading import registry, weights
 from engine.errors import UnsupportedCheckpoint
 from tests.engine.families.decoder_fixture import MIN_COSINE, TEXTS, reference_hidden, save_random, token_lists
 from tests.engine.families.test_gemma3_text import GEMMA, save_sentence_transformer

@@ -1,4 +1,4 @@
-"""engine/worker.py with a fake runner: batching, scattering results back, failures, deadlines, the queue bound."""
+"""engine/runtime/worker.py with a fake runner: batching, scattering results back, failures, deadlines, the queue bound."""
 from __future__ import annotations
 
 import threading
@@ -17,8 +17,8 @@ from engine.errors import (
     ReplyTimeout,
     TooManyInputs,
 )
-from engine.scheduler import BatchLimits
-from engine.worker import Worker, is_out_of_memory
+from engine.runtime.scheduler import BatchLimits
+from engine.runtime.worker import Worker, is_out_of_memory
 
 PAD = 7
 FAR = 1e12  # a deadline that never passes
@@ -418,6 +418,6 @@ def test_two_lanes_compute_two_passes_at_once_and_split_one_request():
 @pytest.mark.parametrize("threads, cpus, plan", [(2, 8, (2, 2)), (1, 8, (1, 1)), (-1, 2, (2, 2)), (-1, 16, (2, 16)),
                                                  (-1, 1, (1, 1)), (6, 2, (2, 6))])
 def test_threads_plan_bounds_lanes_and_blas_threads_by_t(threads, cpus, plan):
-    from engine.threads import plan as threads_plan
+    from engine.runtime.threads import plan as threads_plan
 
     assert threads_plan(threads, cpus) == plan

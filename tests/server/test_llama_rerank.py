@@ -307,7 +307,7 @@ def test_generative_reranker_server_instruction_and_sigmoid_flag(qwen3_folder, c
 
 def test_qwen3_template_renders_the_model_card_prompt(qwen3_folder):
     from engine.checkpoint import read
-    from engine.prompts import RerankPrompt, templates_dir
+    from engine.text.prompts import RerankPrompt, templates_dir
 
     prompt = RerankPrompt(read(qwen3_folder), fallback="qwen3_reranker.jinja")
     assert prompt.source == templates_dir() / "qwen3_reranker.jinja"

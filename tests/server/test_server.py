@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import requests
 
-from engine import default_model, threads
+from engine import default_model
+from engine.runtime import threads
 from tests.conftest import parse_metrics
 from tests.server.harness import ServerProcess, clean_env, run_cli
 

@@ -13,7 +13,7 @@ import engine  # noqa: F401  (binds the BLAS before MLX is used)
 from engine.errors import UnsupportedCheckpoint
 from engine.families import gemma3_text, lfm2, llama, modernbert, qwen2
 from engine.families.base import _exp, attention, checked_layer_types, gelu_erf, is_bidirectional, softmax
-from engine.registry import default_pooling
+from engine.loading.registry import default_pooling
 from engine.types import Pooling
 
 

@@ -1,4 +1,4 @@
-"""ColQwen2.5 and ColQwen2 (engine/families/colqwen2.py, engine/vision/colqwen2.py) against colpali-engine's
+"""ColQwen2.5 and ColQwen2 (engine/families/colqwen2.py, engine/multimodal/builders/colqwen2.py) against colpali-engine's
 ColQwen2_5 / ColQwen2, and transformers' ColQwen2ForRetrieval for its vlm.* layout, on tiny random checkpoints: the
 reference processor's ids and pixel values, the same token vectors on mixed text and image batches, the same
 MaxSim scores."""
@@ -14,7 +14,7 @@ import pytest
 
 from engine import ImageInput, Pooling
 from engine.errors import InvalidInput, UnsupportedCheckpoint
-from engine.vision import colqwen2 as builder
+from engine.multimodal.builders import colqwen2 as builder
 from tests.engine.families import colqwen2_fixture as fixture
 from tests.engine.helpers import cosine, start_engine
 
@@ -150,7 +150,7 @@ def test_mixed_text_and_image_batches_match_colpali(colpali, engine):
 
 
 def test_maxsim_scores_match_colpali(colpali, engine):
-    from engine.maxsim import maxsim_scores
+    from engine.compute.maxsim import maxsim_scores
 
     queries = engine.embed_prompts([[q] for q in QUERIES]).vectors
     pages = engine.embed_prompts([ImageInput.image(data) for data in PAGES]).vectors
@@ -264,7 +264,7 @@ def colpali_qwen2(tmp_path_factory):
 
 
 def test_colqwen2_on_qwen2_vl_matches_colpali(colpali_qwen2):
-    from engine.maxsim import maxsim_scores
+    from engine.compute.maxsim import maxsim_scores
 
     eng = start_engine(colpali_qwen2[0])
     try:

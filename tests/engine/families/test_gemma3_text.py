@@ -1,4 +1,4 @@
-"""engine/families/gemma3_text.py (+ engine/heads.py) against transformers / sentence-transformers on the same
+"""engine/families/gemma3_text.py (+ engine/loading/heads.py) against transformers / sentence-transformers on the same
 random weights (torch CPU, fp32).
 
 EmbeddingGemma's layout: a bidirectional Gemma3TextModel whose sliding layers see |q - k| < window // 2 + 1,
@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from engine import Engine, EngineOptions, Pooling, checkpoint, registry
+from engine import Engine, EngineOptions, Pooling, checkpoint
+from engine.loading import registry
 from engine.errors import UnsupportedCheckpoint
 from engine.families import gemma3_text
 from tests.engine.families.decoder_fixture import (

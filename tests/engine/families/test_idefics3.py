@@ -1,4 +1,4 @@
-"""ColIdefics3 (engine/families/idefics3.py, engine/vision/idefics3.py) against colpali-engine's ColIdefics3 on a
+"""ColIdefics3 (engine/families/idefics3.py, engine/multimodal/builders/idefics3.py) against colpali-engine's ColIdefics3 on a
 tiny random checkpoint: the same ids and pixel values as transformers' Idefics3 processor, the same token vectors
 on mixed text and image batches (images several to an input, text between them), the same MaxSim scores."""
 from __future__ import annotations
@@ -81,7 +81,7 @@ def test_mixed_text_and_image_batches_match_colpali(engine, reference):
 
 
 def test_maxsim_scores_match_colpali(engine, reference):
-    from engine.maxsim import maxsim_scores
+    from engine.compute.maxsim import maxsim_scores
 
     queries = engine.embed_prompts([[q] for q in QUERIES]).vectors
     pages = engine.embed_prompts([ImageInput.image(d) for d in IMAGES[:3]]).vectors
@@ -179,7 +179,7 @@ def test_a_1_dense_folder_replaces_the_projection_as_sentence_transformers_loads
 def test_an_unreadable_processor_config_is_a_clear_refusal(tmp_path):
     from types import SimpleNamespace
 
-    from engine.vision import idefics3 as builder
+    from engine.multimodal.builders import idefics3 as builder
 
     (tmp_path / "processor_config.json").write_text("{not json", encoding="utf-8")
     with pytest.raises(UnsupportedCheckpoint, match="processor_config.json: invalid JSON"):

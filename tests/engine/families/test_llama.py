@@ -9,7 +9,8 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from engine import Pooling, checkpoint, registry
+from engine import Pooling, checkpoint
+from engine.loading import registry
 from engine.errors import UnsupportedCheckpoint
 from engine.families import llama
 from tests.engine.families.decoder_fixture import (

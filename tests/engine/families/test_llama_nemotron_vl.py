@@ -1,4 +1,4 @@
-"""Llama-Nemotron-VL-Embed (engine/families/llama_nemotron_vl.py, engine/image_tiles.py) against a reference
+"""Llama-Nemotron-VL-Embed (engine/families/llama_nemotron_vl.py, engine/multimodal/tiles.py) against a reference
 composed from transformers' SiglipVisionModel and LlamaModel (bidirectional) on a tiny random checkpoint in the
 published key layout (tests/engine/families/nemotron_vl_fixture.py), fp32 on the CPU."""
 from __future__ import annotations
@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from engine import checkpoint, registry
+from engine import checkpoint
+from engine.loading import registry
 from engine.errors import UnsupportedCheckpoint
 from engine.families import llama_nemotron_vl as family
-from engine.image_tiles import TilingProcessor, candidate_grids, choose_grid
+from engine.multimodal.tiles import TilingProcessor, candidate_grids, choose_grid
 from tests.engine.families import nemotron_vl_fixture as fx
 from tests.engine.helpers import cosine
 
@@ -172,8 +173,8 @@ def test_tiles_follow_the_settings(min_tiles, max_tiles, thumbnail):
 def test_builder_refuses_a_processor_config_that_disagrees_with_the_model(built, tmp_path):
     import shutil
 
-    from engine.tokenize import open_tokenizer
-    from engine.vision.llama_nemotron_vl import input_builder
+    from engine.text.tokenizer import open_tokenizer
+    from engine.multimodal.builders.llama_nemotron_vl import input_builder
 
     folder = tmp_path / "m"
     shutil.copytree(built[0], folder)

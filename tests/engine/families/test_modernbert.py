@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from engine import Pooling, checkpoint, registry
+from engine import Pooling, checkpoint
+from engine.loading import registry
 from engine.errors import UnsupportedCheckpoint
 from engine.families import modernbert
 from tests.conftest import minilm_dir

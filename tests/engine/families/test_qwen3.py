@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine import Pooling, checkpoint, registry
+from engine import Pooling, checkpoint
+from engine.loading import registry
 from engine.errors import InputTooLong
 from tests.engine.families.decoder_fixture import (
     MIN_COSINE,

@@ -7,7 +7,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from engine import weights
+from engine.loading import weights
 from engine.errors import UnsupportedCheckpoint
 from engine.families import qwen3_vl
 from tests.engine.families.qwen3_vl_fixture import MERGE, make_checkpoint, random_patches, reference_hidden
@@ -175,7 +175,7 @@ def test_causal_lm_reads_head_rows(checkpoint):
 
 
 def test_embed_with_images_takes_one_input_and_its_images_arrays(checkpoint, ours):
-    """The engine's vision-language call (engine/vlm.py): ids [1, L] and each image's pixel_values and grid."""
+    """The engine's vision-language call (engine/multimodal/inputs.py): ids [1, L] and each image's pixel_values and grid."""
     _, model = checkpoint
     rows, grids_per_row = rows_with_images(model.config)
     row, grids = rows[1], grids_per_row[1]

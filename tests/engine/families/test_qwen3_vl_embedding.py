@@ -97,8 +97,8 @@ def test_an_over_long_input_holding_images_is_refused_even_when_truncating(engin
 def test_images_are_decoded_and_preprocessed_off_the_engine_thread(engine, monkeypatch):
     import threading
 
-    import engine.images as images_module
-    import engine.pipeline as pipeline_module
+    import engine.multimodal.images as images_module
+    import engine.compute.pipeline as pipeline_module
 
     threads: dict[str, set[str]] = {"decode": set(), "build": set(), "model": set()}
 
@@ -109,7 +109,7 @@ def test_images_are_decoded_and_preprocessed_off_the_engine_thread(engine, monke
         return recorded
 
     builder = type(engine._builder)
-    monkeypatch.setattr("engine.service.decode", spy("decode", images_module.decode))
+    monkeypatch.setattr("engine.runtime.engine.decode", spy("decode", images_module.decode))
     monkeypatch.setattr(builder, "build", spy("build", builder.build))
     monkeypatch.setattr(pipeline_module, "to_device", spy("model", pipeline_module.to_device))
     engine.embed_prompts([as_input((IMAGES[0], "a caption")), ["text"]])
@@ -120,7 +120,8 @@ def test_images_are_decoded_and_preprocessed_off_the_engine_thread(engine, monke
 def test_detection_and_what_the_engine_reports(engine, tmp_path):
     import json
 
-    from engine import Pooling, checkpoint, registry
+    from engine import Pooling, checkpoint
+    from engine.loading import registry
     from engine.errors import UnsupportedCheckpoint
 
     info = engine.info

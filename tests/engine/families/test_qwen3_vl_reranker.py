@@ -12,10 +12,10 @@ import shutil
 import numpy as np
 import pytest
 
-from engine import registry
+from engine.loading import registry
 from engine.checkpoint import read
 from engine.errors import InputTooLong, InvalidInput
-from engine.images import InvalidImage
+from engine.multimodal.images import InvalidImage
 from engine.types import ImageInput
 from tests.engine.families.qwen3_vl_fixture import PREPROCESSOR, make_checkpoint, reference_hidden
 from tests.engine.helpers import start_engine
@@ -209,8 +209,8 @@ def test_detection_needs_rank_mode_and_reads_the_logit_score_module(checkpoint, 
 
 
 def test_without_its_template_the_checkpoint_renders_ours_the_same(checkpoint, tmp_path):
-    from engine.tokenize import open_tokenizer
-    from engine.vision.qwen3_vl_reranker import input_builder
+    from engine.text.tokenizer import open_tokenizer
+    from engine.multimodal.builders.qwen3_vl_reranker import input_builder
 
     bare = tmp_path / "bare"
     shutil.copytree(checkpoint[0], bare, ignore=shutil.ignore_patterns("additional_chat_templates"))

@@ -146,7 +146,7 @@ def test_vision_tower_matches_transformers_in_mixed_batches(folders):
 def test_bad_images_and_images_for_text_only_models_name_the_input(folders):
     from engine import ImageInput
     from engine.errors import InvalidInput
-    from engine.images import InvalidImage
+    from engine.multimodal.images import InvalidImage
 
     eng = start_engine(folders["SiglipModel"], image_max_pixels=1000)
     try:
@@ -191,7 +191,7 @@ def test_a_spiece_model_tokenizes_as_siglip_tokenizer(tmp_path):
 
 
 def test_an_unreadable_spiece_model_is_a_clear_load_error(tmp_path):
-    from engine.spm import read_model
+    from engine.text.sentencepiece import read_model
 
     (tmp_path / "spiece.model").write_bytes(b"\x0a\xff\xff\xff\xff\x0f")  # a length past the end of the file
     with pytest.raises(UnsupportedCheckpoint, match="not a SentencePiece model this server can read"):

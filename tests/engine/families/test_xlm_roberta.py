@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from engine import Pooling, VocabType, checkpoint, registry
+from engine import Pooling, VocabType, checkpoint
+from engine.loading import registry
 from engine.errors import UnsupportedCheckpoint
 from engine.families import xlm_roberta
 from tests.conftest import package_folder

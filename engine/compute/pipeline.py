@@ -1,0 +1,122 @@
+"""One checkpoint's compute on padded numpy batches: trunk + pooling, or a scoring head. Engine thread only."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+from engine.errors import UnsupportedCheckpoint
+from engine.compute.pooling import pool
+from engine.types import Pooling
+from engine.multimodal.inputs import PreparedImage, to_device
+
+Collect = Callable[[], list[np.ndarray]]
+
+
+class Pipeline(ABC):
+    """launch() builds the graph and starts evaluating it; the returned collect() waits and splits rows.
+
+    The engine thread assembles the next batch between the two. Calling the pipeline does both at once.
+    """
+
+    @abstractmethod
+    def launch(self, ids: np.ndarray, mask: np.ndarray, type_ids: np.ndarray, lengths: list[int]) -> Collect:
+        """Start the pass for [B, W] right-padded rows."""
+
+    def __call__(self, ids: np.ndarray, mask: np.ndarray, type_ids: np.ndarray,
+                 lengths: list[int]) -> list[np.ndarray]:
+        return self.launch(ids, mask, type_ids, lengths)()
+
+
+def _started(out: mx.array) -> mx.array:
+    mx.async_eval(out)
+    return out
+
+
+class EmbeddingPipeline(Pipeline):
+    """projection: the checkpoint's Dense modules, applied to the pooled vector (engine/loading/heads.py)."""
+
+    def __init__(self, model: nn.Module, pooling: Pooling, projection: nn.Module | None = None):
+        if projection is not None and pooling is Pooling.NONE:
+            raise UnsupportedCheckpoint("pooling 'none' is not supported for a checkpoint with Dense modules "
+                                        "(they project the pooled vector)")
+        self.model = model
+        self.pooling = pooling
+        self.projection = projection
+        self.pools_itself = bool(getattr(model, "pools_itself", False))  # the family's own head gives [B, D]
+
+    def launch(self, ids: np.ndarray, mask: np.ndarray, type_ids: np.ndarray, lengths: list[int]) -> Collect:
+        """[B, W] right-padded -> one float32 vector [D] per row ([n_i, D] for pooling none)."""
+        mask_mx = mx.array(mask)
+        return self._pooled(self.model(mx.array(ids), mask_mx, mx.array(type_ids)), mask_mx, lengths)
+
+    def launch_with_images(self, ids: np.ndarray, images: tuple[PreparedImage, ...]) -> Collect:
+        """One vision-language input, ids [1, L] with its images expanded (engine/multimodal/inputs.py) -> its vector
+        ([L, D] for pooling none and multi-vector models), pooled exactly as a text row."""
+        length = ids.shape[1]
+        hidden = self.model.embed_with_images(mx.array(ids), to_device(images))
+        return self._pooled(hidden, mx.ones((1, length), dtype=mx.int32), [length])
+
+    def _pooled(self, hidden: mx.array, mask_mx: mx.array, lengths: list[int]) -> Collect:
+        if self.pools_itself:
+            pooled = _started(hidden.astype(mx.float32))
+            return lambda: list(np.array(pooled))
+        if self.pooling is Pooling.NONE:
+            tokens = _started(hidden.astype(mx.float32))
+            return lambda: [row[:n] for row, n in zip(np.array(tokens), lengths)]
+        pooled = pool(hidden, mask_mx, self.pooling)
+        if self.projection is not None:
+            pooled = self.projection(pooled).astype(mx.float32)
+        pooled = _started(pooled)
+        return lambda: list(np.array(pooled))
+
+    def launch_images(self, pixels: np.ndarray) -> Collect:
+        """[B, C, H, W] preprocessed images -> one float32 vector [D] per image (the vision tower's head)."""
+        pooled = _started(self.model.embed_images(mx.array(pixels)).astype(mx.float32))
+        return lambda: list(np.array(pooled))
+
+
+class CrossEncoderPipeline(Pipeline):
+    """A sequence classifier with one label: the raw logit per (query, document) row."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+
+    def launch(self, ids: np.ndarray, mask: np.ndarray, type_ids: np.ndarray, lengths: list[int]) -> Collect:
+        logits = _started(self.model(mx.array(ids), mx.array(mask), mx.array(type_ids)).astype(mx.float32))
+        return lambda: list(np.array(logits)[:, 0])
+
+
+class GenerativeRerankPipeline(Pipeline):
+    """A causal LM scored by the yes/no recipe: sigmoid(logit_yes - logit_no) at the last position.
+
+    Only the final hidden state of the last position meets the LM head, and only its two rows: the
+    difference of the logits is h . (W_yes - W_no), so no [B, L, vocab] tensor is ever built.
+    """
+
+    def __init__(self, model: nn.Module, yes_id: int, no_id: int, pad_id: int):
+        rows = model.head_rows([yes_id, no_id])
+        self.model = model
+        self.direction = rows[0] - rows[1]
+        self.pad_id = pad_id
+
+    def launch(self, ids: np.ndarray, mask: np.ndarray, type_ids: np.ndarray, lengths: list[int]) -> Collect:
+        # Rows arrive right-padded; decoders take them left-padded so every row ends at the last position.
+        width = ids.shape[1]
+        left_ids = np.full_like(ids, self.pad_id)
+        left_mask = np.zeros_like(mask)
+        for row, n in enumerate(lengths):
+            left_ids[row, width - n:] = ids[row, :n]
+            left_mask[row, width - n:] = 1
+        return self._scored(self.model(mx.array(left_ids), mx.array(left_mask))[:, -1, :])
+
+    def launch_with_images(self, ids: np.ndarray, images: tuple[PreparedImage, ...]) -> Collect:
+        """One prompt holding images, ids [1, L] with its image tokens (engine/multimodal/pairs.py) -> its score."""
+        return self._scored(self.model.embed_with_images(mx.array(ids), to_device(images))[:, -1, :])
+
+    def _scored(self, hidden: mx.array) -> Collect:
+        scores = _started(mx.sigmoid(hidden.astype(mx.float32) @ self.direction.astype(mx.float32)))
+        return lambda: list(np.array(scores))

@@ -1,0 +1,113 @@
+"""Load a GGUF Checkpoint into its family's module: tensor names mapped to checkpoint keys, dequantized,
+then the family's own sanitize() and a strict load, as for safetensors."""
+from __future__ import annotations
+
+import importlib
+import logging
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+from mlx.utils import tree_flatten
+
+from engine.checkpoint import Checkpoint
+from engine.errors import UnsupportedCheckpoint
+from engine.loading.gguf.arch import for_architecture
+from engine.loading.heads import Projection
+from engine.loading.weights import compute_dtype, materialize
+from engine.loading.gguf.head import RankHead
+from engine.loading.gguf.reader import GGUFFile
+from engine.types import Pooling
+
+log = logging.getLogger(__name__)
+
+# llama_ftype_name for general.file_type (the names /props and /v1/models report)
+FTYPE_NAMES = {0: "all F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K - Medium",
+               11: "Q3_K - Small", 12: "Q3_K - Medium", 13: "Q3_K - Large", 14: "Q4_K - Small",
+               15: "Q4_K - Medium", 16: "Q5_K - Small", 17: "Q5_K - Medium", 18: "Q6_K", 32: "BF16"}
+
+
+def is_reranker(gguf: GGUFFile) -> bool:
+    """A file with llama.cpp's classifier output: served with --reranking."""
+    return "cls.output.weight" in gguf.tensors
+
+
+def ftype(gguf: GGUFFile) -> str:
+    value = gguf.metadata.get("general.file_type")
+    if value is None:
+        return "(guessed) unknown"
+    return FTYPE_NAMES.get(int(value), f"file_type {value}")
+
+
+def tensor(gguf: GGUFFile, name: str) -> mx.array:
+    """One tensor as an MLX float array (block formats dequantized to float32)."""
+    values = gguf.array(name)
+    if gguf.tensors[name].type_name == "BF16":
+        return mx.array(np.ascontiguousarray(values)).view(mx.bfloat16)
+    return mx.array(values)
+
+
+def build(checkpoint: Checkpoint, dtype: str = "auto") -> tuple[nn.Module, nn.Module, str, Projection | None]:
+    """(model, trunk, family name, Dense projection or None); the model is the trunk itself, or the rank head
+    around it. dtype: the compute dtype (--dtype; auto: float32 on a CPU), block formats dequantized to it."""
+    gguf: GGUFFile = checkpoint.gguf
+    mapping = for_architecture(gguf.architecture, str(checkpoint.path))
+    family = importlib.import_module(f"engine.families.{mapping.FAMILY}")
+    trunk = family.Model(family.ModelArgs.from_dict(checkpoint.config))
+    trunk_weights, head_weights = {}, {}
+    dense_keys = dict(getattr(mapping, "DENSE", ()))
+    dense_weights = {dense_keys[name]: tensor(gguf, name) for name in gguf.tensors if name in dense_keys}
+    for name in gguf.tensors:
+        if name in dense_keys:
+            continue
+        hf_key = mapping.key(name)
+        if hf_key is not None:
+            weight = tensor(gguf, name)
+            if hasattr(mapping, "transform"):
+                weight = mapping.transform(name, weight, checkpoint.config)
+            trunk_weights[hf_key] = weight
+        elif (head_key := RankHead.key(name)) is not None:
+            head_weights[head_key] = tensor(gguf, name)
+        else:
+            raise UnsupportedCheckpoint(f"{checkpoint.path}: tensor {name!r} has no place in the "
+                                        f"{mapping.FAMILY} family (GGUF architecture {gguf.architecture!r})")
+    model: nn.Module = trunk
+    weights = trunk.sanitize(trunk_weights)
+    if is_reranker(gguf):
+        hidden = int(checkpoint.config["hidden_size"])
+        n_out = head_weights["cls_output.bias"].shape[0] if "cls_output.bias" in head_weights else \
+            head_weights["cls_output.weight"].size // hidden
+        model = RankHead(trunk, hidden, n_out, present=set(head_weights),
+                         pooling=Pooling.LAST if mapping.CAUSAL else Pooling.CLS,
+                         softmax=gguf.architecture == "qwen3")
+        weights = {**{f"trunk.{k}": v for k, v in weights.items()}, **head_weights}
+        if mapping.FAMILY == "bert" and "cls.weight" not in head_weights:  # XLM-R conversions keep their head
+            log.warning("%s: a BERT cross-encoder converted by llama.cpp has no pooler and no token types; it is "
+                        "scored as llama-server scores it (classifier on the [CLS] state), which cannot reproduce "
+                        "the original checkpoint's scores", checkpoint.path)
+    # ggml drops trailing dimensions of size 1 (a one-label classifier is stored as a vector): restore them
+    expected = dict(tree_flatten(model.parameters()))
+    weights = {k: v.reshape(expected[k].shape) if k in expected and v.shape != expected[k].shape
+               and v.size == expected[k].size else v for k, v in weights.items()}
+    compute = compute_dtype(dtype, weights)
+    materialize(model, weights, None, compute, f"{checkpoint.path} ({mapping.FAMILY} family)")
+    return model, trunk, mapping.FAMILY, _projection(dense_weights, checkpoint, compute)
+
+
+def _projection(dense: dict[str, mx.array], checkpoint: Checkpoint, compute: mx.Dtype) -> Projection | None:
+    """sentence-transformers' Dense layers kept by the converter (identity activations, no bias)."""
+    if not dense:
+        return None
+    layers = [dense[f"dense.{i}.weight"] for i in range(len(dense))]
+    shapes = [(w.shape[1], w.shape[0], False) for w in layers]
+    if shapes[0][0] != int(checkpoint.config["hidden_size"]) or any(a[1] != b[0] for a, b in zip(shapes, shapes[1:])):
+        raise UnsupportedCheckpoint(f"{checkpoint.path}: Dense layers of widths {shapes} do not chain from the "
+                                    f"hidden size {checkpoint.config['hidden_size']}")
+    projection = Projection(shapes, ("torch.nn.modules.linear.Identity",) * len(shapes))
+    materialize(projection, dense, None, compute, f"{checkpoint.path} (Dense layers)")
+    return projection
+
+
+def file_counts(gguf: GGUFFile) -> tuple[int, int]:
+    """(n_params, size in bytes) as llama.cpp counts them: every tensor of the file."""
+    return (sum(t.n_elements for t in gguf.tensors.values()), sum(t.nbytes for t in gguf.tensors.values()))

@@ -1,0 +1,328 @@
+"""Several checkpoints in one process: which are loaded, and for how long.
+
+Each checkpoint is served by its own Engine (its own engine thread), created on first use or when asked.
+Requests hold a Lease on the Engine they resolved; a leased engine is pinned and never unloaded, so a
+request always finishes on the engine it started with. At most `max_loaded` engines are resident (loading
+or loaded): beyond that the least recently used one that no lease pins is unloaded, and when every resident
+engine is pinned the cap is exceeded until a lease is released. Engines nobody used for `idle_unload_s`
+are unloaded by a background timer. Configured references that resolve to the same folder with the same
+options share one engine.
+
+The lock guards bookkeeping only: it is never held while a model loads, a forward pass runs or an engine
+shuts down (Engine() and Engine.close() return at once; the work happens on the engines' threads).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+
+from engine import checkpoint
+from engine.errors import CheckpointNotFound, LoadFailed, NotLoaded
+from engine.runtime.engine import Engine
+from engine.types import EngineOptions, ModelState, ResidencyStatus
+
+log = logging.getLogger(__name__)
+
+# Engine(options) and anything with its interface: wait_loaded, is_loaded, info, load_s, stats, close.
+EngineFactory = Callable[[EngineOptions], Engine]
+
+# Engine.stats() keys that only grow; the others are gauges of the moment.
+_COUNTERS = ("prompt_tokens_total", "prompt_seconds_total", "n_decode_total")
+
+
+def shared_key(options: EngineOptions) -> EngineOptions:
+    """Options naming the checkpoint by its resolved folder, so that `./m`, `m/` and a repository cached at
+    that folder share one loaded copy. May read the disk (the Hugging Face cache), never the network."""
+    if options.model_path:
+        folder = os.path.realpath(os.path.expanduser(options.model_path))
+        return replace(options, model_path=folder, hf_repo=None, offline=False)
+    if options.hf_repo:
+        try:
+            folder = str(checkpoint.resolve(None, options.hf_repo, offline=True, hf_file=options.hf_file).resolve())
+        except CheckpointNotFound:  # not downloaded yet: the repository name is the identity
+            return options
+        return replace(options, model_path=folder, hf_repo=None, hf_file=None, offline=False)
+    return options
+
+
+@dataclass(eq=False)
+class _Slot:
+    """One loaded-or-loadable copy of a checkpoint."""
+
+    key: EngineOptions
+    refs: int = 0  # configured references to this copy; 0: unload (and forget) once nobody uses it
+    engine: Engine | None = None  # resident: loading or loaded
+    users: int = 0  # leases held now
+    last_used: float = 0.0
+    unload_when_idle: bool = False  # unload() was asked while leases were held
+    failed: bool = False
+    last_error: str | None = None
+    load_s: float | None = None  # of the last successful load, kept after unloading
+
+    @property
+    def label(self) -> str:
+        return self.key.model_path or self.key.hf_repo or "?"
+
+
+class Lease:
+    """One request's hold on an engine: it stays loaded, and serves this request, until release()."""
+
+    def __init__(self, residency: Residency, slot: _Slot, engine: Engine):
+        self.engine = engine
+        self._residency = residency
+        self._slot = slot
+        self._released = False
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self._residency._release(self._slot)
+
+    def __enter__(self) -> Engine:
+        return self.engine
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+class Residency:
+    def __init__(self, max_loaded: int = 0, idle_unload_s: float | None = None, *,
+                 engine_factory: EngineFactory = Engine, clock: Callable[[], float] = time.monotonic,
+                 tick_s: float = 1.0):
+        """max_loaded: 0 = no cap. idle_unload_s: None = never. clock and tick_s exist for tests."""
+        self._max_loaded = max_loaded
+        self._idle_unload_s = idle_unload_s
+        self._factory = engine_factory
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._slots: dict[EngineOptions, _Slot] = {}
+        self._keys: dict[EngineOptions, EngineOptions] = {}  # configured options -> their shared key
+        self._retired = dict.fromkeys(_COUNTERS, 0.0) | {"n_tokens_max": 0.0}  # of engines already closed
+        self._stopped = threading.Event()
+        if idle_unload_s is not None:
+            threading.Thread(target=self._tick, args=(tick_s,), name="idle-unload", daemon=True).start()
+
+    # -- configuration ----------------------------------------------------------------------------------------
+    def configure(self, wanted: Iterable[EngineOptions]) -> None:
+        """The checkpoints that may be served from now on. Ones no longer wanted unload once nobody uses them;
+        requests still holding them finish first."""
+        keys = {options: shared_key(options) for options in wanted}  # outside the lock: reads the disk
+        counts = Counter(keys.values())
+        with self._lock:
+            self._keys = keys
+            for key, slot in self._slots.items():
+                slot.refs = counts.get(key, 0)
+            for key, refs in counts.items():
+                if key not in self._slots:
+                    self._slots[key] = _Slot(key, refs=refs, last_used=self._clock())
+            closing = [engine for slot in list(self._slots.values()) if slot.refs == 0 and slot.users == 0
+                       for engine in self._detach(slot, "no longer configured")]
+        self._close(closing)
+
+    # -- requests ---------------------------------------------------------------------------------------------
+    def acquire(self, options: EngineOptions, timeout_s: float | None = None) -> Lease:
+        """A lease on the engine for `options`, loaded (waiting for its load if need be).
+
+        Raises NotLoaded when the load outlasts `timeout_s`, LoadFailed when it fails. Options not configured
+        (a request that resolved its model just before a reload) get a copy that unloads once released.
+        """
+        key = self._key(options)
+        with self._lock:
+            slot = self._slot(key)
+            closing = self._settle(slot)
+            if slot.engine is None:
+                self._start(slot)
+            slot.users += 1
+            slot.last_used = self._clock()
+            engine = slot.engine
+            closing += self._over_cap()
+        self._close(closing)
+        lease = Lease(self, slot, engine)
+        try:
+            engine.wait_loaded(timeout_s)
+        except NotLoaded:
+            lease.release()
+            raise
+        except BaseException as exc:
+            with self._lock:
+                closing = self._fail(slot, engine, exc)
+            self._close(closing)
+            lease.release()
+            raise LoadFailed(f"{slot.label} failed to load: {exc}") from exc
+        return lease
+
+    def _release(self, slot: _Slot) -> None:
+        with self._lock:
+            slot.users -= 1
+            slot.last_used = self._clock()
+            closing = []
+            if slot.users == 0 and (slot.refs == 0 or slot.unload_when_idle):
+                closing += self._detach(slot, "asked to" if slot.unload_when_idle else "no longer configured")
+            closing += self._over_cap()  # a cap exceeded while everything was pinned is enforced now
+        self._close(closing)
+
+    # -- explicit load and unload -----------------------------------------------------------------------------
+    def load(self, options: EngineOptions) -> None:
+        """Start loading (again, after a failure) unless already resident; returns at once."""
+        key = self._key(options)
+        with self._lock:
+            slot = self._slot(key)
+            closing = self._settle(slot)
+            if slot.engine is None:
+                self._start(slot)
+                slot.last_used = self._clock()
+                closing += self._over_cap()
+        self._close(closing)
+
+    def unload(self, options: EngineOptions) -> None:
+        """Unload now, or when the last lease is released."""
+        key = self._key(options)
+        with self._lock:
+            slot = self._slots.get(key)
+            if slot is None or slot.engine is None:
+                return
+            if slot.users:
+                slot.unload_when_idle = True
+                return
+            closing = self._detach(slot, "asked to")
+        self._close(closing)
+
+    def unload_idle(self) -> None:
+        """Unload the loaded engines nobody has used for idle_unload_s (the timer calls this every tick)."""
+        if self._idle_unload_s is None:
+            return
+        now = self._clock()
+        with self._lock:
+            idle = [slot for slot in self._slots.values()
+                    if slot.engine is not None and slot.users == 0 and slot.engine.is_loaded
+                    and now - slot.last_used >= self._idle_unload_s]
+            closing = [engine for slot in idle for engine in self._detach(slot, "idle")]
+        self._close(closing)
+
+    # -- reporting --------------------------------------------------------------------------------------------
+    def status(self, options: EngineOptions) -> ResidencyStatus:
+        key = self._key(options)
+        with self._lock:
+            slot = self._slots.get(key)
+            if slot is None:
+                return ResidencyStatus(ModelState.UNLOADED)
+            closing = self._settle(slot)
+            engine = slot.engine
+            if engine is None:
+                state = ModelState.FAILED if slot.failed else ModelState.UNLOADED
+            else:
+                state = ModelState.LOADED if engine.is_loaded else ModelState.LOADING
+            if state is ModelState.LOADED:
+                slot.last_error = None
+            status = ResidencyStatus(
+                state=state, in_use=slot.users, last_error=slot.last_error,
+                load_s=engine.load_s if state is ModelState.LOADED else slot.load_s,
+                info=engine.info if state is ModelState.LOADED else None)
+        self._close(closing)
+        return status
+
+    def stats(self) -> dict[str, float]:
+        """Engine.stats() summed over every engine, the unloaded ones' counters included (they only grow)."""
+        with self._lock:
+            engines = [slot.engine for slot in self._slots.values() if slot.engine is not None]
+            totals = dict(self._retired)
+        totals.update(requests_processing=0.0, requests_deferred=0.0)
+        for engine in engines:
+            stats = engine.stats()
+            for name in (*_COUNTERS, "requests_processing", "requests_deferred"):
+                totals[name] += stats[name]
+            totals["n_tokens_max"] = max(totals["n_tokens_max"], stats["n_tokens_max"])
+        return totals
+
+    def close(self) -> None:
+        """Stop the timer and unload everything (server shutdown)."""
+        self._stopped.set()
+        with self._lock:
+            closing = [engine for slot in list(self._slots.values()) for engine in self._detach(slot, "shutdown")]
+        self._close(closing)
+
+    # -- internals (under the lock unless said otherwise) -----------------------------------------------------
+    def _slot(self, key: EngineOptions) -> _Slot:
+        slot = self._slots.get(key)
+        if slot is None:  # not configured: kept while used, then forgotten
+            slot = self._slots[key] = _Slot(key)
+        return slot
+
+    def _key(self, options: EngineOptions) -> EngineOptions:
+        known = self._keys.get(options)  # a plain dict read; configure() replaces the dict whole
+        return known if known is not None else shared_key(options)
+
+    def _start(self, slot: _Slot) -> None:
+        log.info("loading %s", slot.label)
+        slot.engine = self._factory(slot.key)  # returns at once: the load runs on the engine's own thread
+        slot.failed = False
+        slot.unload_when_idle = False
+
+    def _settle(self, slot: _Slot) -> list[Engine]:
+        """Notice a load that failed while nobody waited for it (a startup or explicit load)."""
+        engine = slot.engine
+        if engine is None or engine.is_loaded:
+            return []
+        try:
+            engine.wait_loaded(0)
+        except NotLoaded:  # still loading
+            return []
+        except BaseException as exc:
+            return self._fail(slot, engine, exc)
+        return []
+
+    def _fail(self, slot: _Slot, engine: Engine, exc: BaseException) -> list[Engine]:
+        if slot.engine is not engine:  # another waiter already recorded it
+            return []
+        log.error("%s failed to load: %s", slot.label, exc)
+        slot.failed = True
+        slot.last_error = str(exc)
+        slot.engine = None
+        return [engine]
+
+    def _over_cap(self) -> list[Engine]:
+        """Unload least recently used unpinned engines while more than max_loaded are resident."""
+        resident = [slot for slot in self._slots.values() if slot.engine is not None]
+        excess = len(resident) - self._max_loaded
+        if not self._max_loaded or excess <= 0:
+            return []
+        victims = sorted((slot for slot in resident if slot.users == 0), key=lambda slot: slot.last_used)[:excess]
+        if len(victims) < excess:
+            log.info("%d models loaded, over the cap of %d until the ones in use are released",
+                     len(resident) - len(victims), self._max_loaded)
+        return [engine for slot in victims for engine in self._detach(slot, "least recently used")]
+
+    def _detach(self, slot: _Slot, why: str) -> list[Engine]:
+        """Take the slot's engine away for closing (outside the lock); forget an unconfigured slot."""
+        engine, slot.engine = slot.engine, None
+        slot.unload_when_idle = False
+        if slot.refs == 0:
+            self._slots.pop(slot.key, None)
+        if engine is None:
+            return []
+        log.info("unloading %s (%s)", slot.label, why)
+        if engine.is_loaded:
+            slot.load_s = engine.load_s
+            slot.last_error = None
+            stats = engine.stats()
+            for name in _COUNTERS:
+                self._retired[name] += stats[name]
+            self._retired["n_tokens_max"] = max(self._retired["n_tokens_max"], stats["n_tokens_max"])
+        return [engine]
+
+    @staticmethod
+    def _close(engines: list[Engine]) -> None:
+        for engine in engines:  # outside the lock; returns at once, the memory is freed on a helper thread
+            engine.close()
+
+    def _tick(self, tick_s: float) -> None:
+        while not self._stopped.wait(tick_s):
+            try:
+                self.unload_idle()
+            except Exception:  # the timer must outlive one bad tick
+                log.exception("idle unload failed")
