@@ -131,12 +131,8 @@ class Residency:
         Raises NotLoaded when the load outlasts `timeout_s`, LoadFailed when it fails. Options not configured
         (a request that resolved its model just before a reload) get a copy that unloads once released.
         """
-        key = self._key(options)
         with self._lock:
-            slot = self._slot(key)
-            closing = self._settle(slot)
-            if slot.engine is None:
-                self._start(slot)
+            slot, closing, _ = self._started(options)
             slot.users += 1
             slot.last_used = self._clock()
             engine = slot.engine
@@ -169,12 +165,9 @@ class Residency:
     # -- explicit load and unload -----------------------------------------------------------------------------
     def load(self, options: EngineOptions) -> None:
         """Start loading (again, after a failure) unless already resident; returns at once."""
-        key = self._key(options)
         with self._lock:
-            slot = self._slot(key)
-            closing = self._settle(slot)
-            if slot.engine is None:
-                self._start(slot)
+            slot, closing, started = self._started(options)
+            if started:
                 slot.last_used = self._clock()
                 closing += self._over_cap()
         self._close(closing)
@@ -256,6 +249,16 @@ class Residency:
     def _key(self, options: EngineOptions) -> EngineOptions:
         known = self._keys.get(options)  # a plain dict read; configure() replaces the dict whole
         return known if known is not None else shared_key(options)
+
+    def _started(self, options: EngineOptions) -> tuple[_Slot, list[Engine], bool]:
+        """The slot for `options` with an engine (started now unless resident or loading), the engines a failed
+        load leaves to close, and whether it was started now."""
+        slot = self._slot(self._key(options))
+        closing = self._settle(slot)
+        started = slot.engine is None
+        if started:
+            self._start(slot)
+        return slot, closing, started
 
     def _start(self, slot: _Slot) -> None:
         log.info("loading %s", slot.label)
