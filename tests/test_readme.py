@@ -1,5 +1,6 @@
 """The documentation: docs/options.md documents every option exactly as compat/settings.py declares it, CI runs
-the README's test command, and every relative link in README.md and docs/ leads somewhere."""
+the README's test command, every relative link in README.md and docs/ leads somewhere, and docs/architecture.md
+names every package."""
 from __future__ import annotations
 
 import re
@@ -12,6 +13,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from readme_options import commands_markdown, options_markdown  # noqa: E402
 
 OPTIONS_PAGE = ROOT / "docs" / "options.md"
+ARCHITECTURE_PAGE = ROOT / "docs" / "architecture.md"
 
 
 def _readme() -> str:
@@ -95,3 +97,23 @@ def test_every_link_to_a_heading_finds_it():
             if page.suffix == ".md" and page.exists() and anchor not in _anchors(page.read_text(encoding="utf-8")):
                 broken.append(f"{document.relative_to(ROOT)}: {target}")
     assert not broken, "links to headings that do not exist:\n" + "\n".join(broken)
+
+
+def _packages() -> list[Path]:
+    """Every folder of engine/ and compat/ (the two included) that holds an __init__.py."""
+    return sorted(init.parent.relative_to(ROOT) for top in ("engine", "compat")
+                  for init in (ROOT / top).rglob("__init__.py"))
+
+
+def _names(package: Path, text: str) -> bool:
+    """`engine/loading/` (or `engine/loading` ending a path) or the dotted `engine.loading` appears in the text."""
+    path, dotted = "/".join(package.parts), ".".join(package.parts)
+    return bool(re.search(rf"(?<![\w./-]){re.escape(path)}(?:/|(?![\w.-]))", text)
+                or re.search(rf"(?<![\w./-]){re.escape(dotted)}(?!\w)", text))
+
+
+def test_architecture_page_names_every_package():
+    assert ARCHITECTURE_PAGE.exists(), "docs/architecture.md is missing: it must describe every package"
+    text = ARCHITECTURE_PAGE.read_text(encoding="utf-8")
+    missing = [f"{'/'.join(p.parts)}/" for p in _packages() if not _names(p, text)]
+    assert not missing, "docs/architecture.md does not name: " + ", ".join(missing)
