@@ -22,8 +22,8 @@ import numpy as np
 from engine.errors import InvalidInput, UnsupportedCheckpoint
 from engine.families import qwen2, qwen2_5_vl, qwen2_vl
 from engine.families.base import Trunk, place_image_features
+from engine.families.mrope import Grid, rope_index
 from engine.families.qwen2_vl import TextModel, text_args
-from engine.families.qwen3_vl import Grid, rope_index
 
 # the vision-language models a ColQwen checkpoint is built on, by their model_type: (tower args, tower)
 TOWERS = {"qwen2_vl": (qwen2_vl.VisionArgs, qwen2_vl.VisionModel),

@@ -7,10 +7,10 @@ order, so the merger simply concatenates four neighbours: LayerNorm -> Linear ->
 decoder's width. DeepStack: after the blocks listed in `deepstack_visual_indexes` the hidden states go through
 their own merger, and those features are ADDED to the image tokens' hidden states after decoder layers 0, 1, ...
 
-The decoder is Qwen3's, with interleaved M-RoPE: each rotary frequency reads the temporal, height or width
-position of the token (text tokens have all three equal). Positions follow transformers' get_rope_index: an
-image's run of <|image_pad|> tokens takes a (t, h, w) grid starting at the running position, the text after it
-continues from the largest position used plus one.
+The decoder is Qwen3's, with interleaved M-RoPE (engine/families/mrope.py): each rotary frequency reads the
+temporal, height or width position of the token (text tokens have all three equal). Positions follow
+transformers' get_rope_index: an image's run of <|image_pad|> tokens takes a (t, h, w) grid starting at the
+running position, the text after it continues from the largest position used plus one.
 
 Used as an embedder (Qwen3-VL-Embedding): final normed hidden states, the LM head never loaded. `CausalLM`
 keeps the head for yes/no rerankers (Qwen3-VL-Reranker), which read only two of its rows.
@@ -27,7 +27,6 @@ import numpy as np
 
 from engine.errors import UnsupportedCheckpoint
 from engine.families import llama, qwen3
-from engine.families.qwen2_vl import axial_rotary, mrope_tables
 from engine.families.base import (
     BaseModelArgs,
     Trunk,
@@ -37,8 +36,7 @@ from engine.families.base import (
     rotate,
     softmax,
 )
-
-Grid = tuple[int, int, int]  # (t, h, w) in patches, as image_grid_thw
+from engine.families.mrope import Grid, axial_rotary, interleaved_axes, merge_block_positions, mrope_tables, rope_index
 
 
 @dataclass
@@ -128,11 +126,9 @@ class VisionGeometry:
 def vision_geometry(grids: Sequence[Grid], merge: int, side: int) -> VisionGeometry:
     rows, cols, segments, start = [], [], [], 0
     for t, h, w in grids:
-        # merge-block order: (block row, block column, row in block, column in block)
-        r, c = np.arange(h).reshape(h // merge, 1, merge, 1), np.arange(w).reshape(1, w // merge, 1, merge)
-        r, c = np.broadcast_arrays(r, c)
-        rows.append(np.tile(r.ravel(), t))
-        cols.append(np.tile(c.ravel(), t))
+        r, c = merge_block_positions(h, w, merge)
+        rows.append(np.tile(r, t))
+        cols.append(np.tile(c, t))
         for _ in range(t):
             segments.append((start, start + h * w))
             start += h * w
@@ -273,57 +269,6 @@ class VisionModel(nn.Module):
 
 
 # -- decoder with M-RoPE and DeepStack -----------------------------------------------------------------------
-
-def rope_index(input_ids: np.ndarray, attention_mask: np.ndarray, grids: Sequence[Grid], image_token_id: int,
-               merge: int) -> np.ndarray:
-    """Multimodal rotary positions [3, B, L] (temporal, height, width), as transformers' get_rope_index.
-
-    Real tokens are numbered from 0 in each row; each run of image tokens takes the next grid (in row-major
-    order over the batch) and lays it out from the running position; text resumes at that position plus the
-    grid's larger merged side. Without grids every token is text (as the reference without pixel values).
-    Padding gets 0.
-    """
-    batch, length = input_ids.shape
-    positions = np.zeros((3, batch, length), dtype=np.int32)
-    images = iter(grids)
-    for b in range(batch):
-        real = np.flatnonzero(attention_mask[b] != 0)
-        is_image = (input_ids[b, real] == image_token_id) if grids else np.zeros(len(real), dtype=bool)
-        edges = np.flatnonzero(np.diff(is_image.astype(np.int8))) + 1
-        row, current = [], 0
-        for start, end in zip([0, *edges], [*edges, len(real)]):  # runs of text and of image tokens
-            if end == start:
-                continue
-            if not is_image[start]:
-                row.append(np.broadcast_to(np.arange(current, current + end - start), (3, end - start)))
-                current += end - start
-                continue
-            try:
-                t, h, w = next(images)
-            except StopIteration:
-                raise ValueError("more runs of image tokens than images") from None
-            gh, gw = h // merge, w // merge
-            if end - start != t * gh * gw:
-                raise ValueError(f"a run of {end - start} image tokens for an image of {t * gh * gw} tokens")
-            tt, hh, ww = np.meshgrid(np.arange(t), np.arange(gh), np.arange(gw), indexing="ij")
-            row.append(np.stack([tt.ravel(), hh.ravel(), ww.ravel()]) + current)
-            current += max(gh, gw)
-        if row:
-            positions[:, b, real] = np.concatenate(row, axis=1)
-    if next(images, None) is not None:
-        raise ValueError("more images than runs of image tokens")
-    return positions
-
-
-def interleaved_axes(n_freq: int, section: Sequence[int]) -> np.ndarray:
-    """Qwen3-VL's interleaved M-RoPE: frequency i turns with the height position when i % 3 == 1 and
-    i < 3 * section[1], the width when i % 3 == 2 and i < 3 * section[2], else with the temporal one."""
-    i = np.arange(n_freq)
-    axis = np.zeros_like(i)
-    axis[(i % 3 == 1) & (i < 3 * section[1])] = 1
-    axis[(i % 3 == 2) & (i < 3 * section[2])] = 2
-    return axis
-
 
 class TextModel(llama.DecoderModel):
     """The Qwen3 decoder (embed_tokens, layers, norm) driven by embeddings, 3-D positions and DeepStack."""
