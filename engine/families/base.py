@@ -278,3 +278,13 @@ def place_image_features(embeds: mx.array, is_image: np.ndarray, features: mx.ar
     flat = embeds.reshape(batch * length, width)
     flat[mx.array(slots.astype(np.int32))] = features.astype(embeds.dtype)
     return flat.reshape(batch, length, width)
+
+
+def l2_normalize(vectors: mx.array) -> mx.array:
+    """Each vector along the last axis divided by its L2 norm: the multi-vector retrievers' per-token
+    normalization. The references all write `proj / proj.norm(dim=-1, keepdim=True)` with no epsilon
+    (colpali-engine's ColIdefics3, ColQwen2 and ColQwen2_5, transformers' ColQwen2ForRetrieval), so none is
+    added here. The norm is taken in float32, as torch accumulates a half-precision norm, then divides in the
+    vectors' dtype."""
+    norms = mx.linalg.norm(vectors.astype(mx.float32), axis=-1, keepdims=True)
+    return vectors / norms.astype(vectors.dtype)
