@@ -288,3 +288,24 @@ def l2_normalize(vectors: mx.array) -> mx.array:
     vectors' dtype."""
     norms = mx.linalg.norm(vectors.astype(mx.float32), axis=-1, keepdims=True)
     return vectors / norms.astype(vectors.dtype)
+
+
+def without_prefix(key: str, prefixes: tuple[str, ...]) -> str:
+    """key less the first of `prefixes` it starts with; unchanged when it starts with none."""
+    for prefix in prefixes:
+        if key.startswith(prefix):
+            return key[len(prefix):]
+    return key
+
+
+def trunk_weights(weights: dict[str, mx.array], prefixes: tuple[str, ...],
+                  roots: tuple[str, ...]) -> dict[str, mx.array]:
+    """An encoder's trunk from a checkpoint of the bare model or of a task model around it: each key less the
+    task model's prefix for the trunk (without_prefix), and only the keys under the trunk's `roots` kept (a
+    task's heads, poolers and buffers are not the trunk)."""
+    out = {}
+    for key, value in weights.items():
+        key = without_prefix(key, prefixes)
+        if key.startswith(roots):
+            out[key] = value
+    return out
