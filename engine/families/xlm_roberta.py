@@ -46,7 +46,7 @@ class Model(bert.Model):
     @staticmethod
     def sanitize(weights: dict[str, mx.array]) -> dict[str, mx.array]:
         """Trunk keys only: the `roberta.` prefix dropped, then BERT's rules (lm_head.*, pooler.* dropped)."""
-        return bert.Model.sanitize({_strip(k, "roberta."): v for k, v in weights.items()})
+        return bert.Model.sanitize({k.removeprefix("roberta."): v for k, v in weights.items()})
 
 
 class ClassificationHead(nn.Module):
@@ -87,7 +87,3 @@ class SequenceClassifier(nn.Module):
         out = {"roberta." + k: v for k, v in trunk.items()}
         out.update({k: v for k, v in weights.items() if k.startswith(("classifier.dense.", "classifier.out_proj."))})
         return out
-
-
-def _strip(key: str, prefix: str) -> str:
-    return key[len(prefix):] if key.startswith(prefix) else key
