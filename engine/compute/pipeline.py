@@ -47,10 +47,16 @@ class EmbeddingPipeline(Pipeline):
         self.pooling = pooling
         self.projection = projection
         self.pools_itself = bool(getattr(model, "pools_itself", False))  # the family's own head gives [B, D]
+        # last-token pooling reads one position per row: a family that can computes its last layer there only
+        self.last_rows_only = pooling is Pooling.LAST and bool(getattr(model, "computes_needed_rows", False))
 
     def launch(self, ids: np.ndarray, mask: np.ndarray, type_ids: np.ndarray, lengths: list[int]) -> Collect:
         """[B, W] right-padded -> one float32 vector [D] per row ([n_i, D] for pooling none)."""
         mask_mx = mx.array(mask)
+        if self.last_rows_only:
+            last = mx.array(np.asarray(lengths, dtype=np.int32) - 1)
+            hidden = self.model(mx.array(ids), mask_mx, mx.array(type_ids), needed=last)  # [B, 1, D]
+            return self._pooled(hidden, mx.ones((len(lengths), 1), dtype=mx.int32), lengths)
         return self._pooled(self.model(mx.array(ids), mask_mx, mx.array(type_ids)), mask_mx, lengths)
 
     def launch_with_images(self, ids: np.ndarray, images: tuple[PreparedImage, ...]) -> Collect:
@@ -111,6 +117,9 @@ class GenerativeRerankPipeline(Pipeline):
         for row, n in enumerate(lengths):
             left_ids[row, width - n:] = ids[row, :n]
             left_mask[row, width - n:] = 1
+        if getattr(self.model, "computes_needed_rows", False):  # only the last position meets the head
+            last = mx.full((len(lengths),), width - 1, dtype=mx.int32)
+            return self._scored(self.model(mx.array(left_ids), mx.array(left_mask), needed=last)[:, -1, :])
         return self._scored(self.model(mx.array(left_ids), mx.array(left_mask))[:, -1, :])
 
     def launch_with_images(self, ids: np.ndarray, images: tuple[PreparedImage, ...]) -> Collect:

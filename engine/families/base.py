@@ -11,6 +11,8 @@ import mlx.nn as nn
 import numpy as np
 
 from engine.errors import UnsupportedCheckpoint
+from engine.families import kernels
+from engine.families.kernels import Mask, _exp  # noqa: F401  (_exp: measured by tests/engine/families/test_base.py)
 
 SLIDING_ATTENTION = "sliding_attention"  # transformers' layer_types name of a windowed attention layer
 
@@ -39,66 +41,27 @@ class Trunk(nn.Module):
         return self.args.max_position_embeddings
 
 
-def padding_mask(attention_mask: mx.array) -> mx.array:
-    """[B, L] 1/0 -> boolean [B, 1, 1, L] (True = attend) for bidirectional attention."""
-    return (attention_mask != 0)[:, None, None, :]
-
-
-_LOG2E = 1.4426950408889634
-_LN2 = 0.6931471805599453
-# 2^f on [-0.5, 0.5]: Taylor terms of e^(f ln 2); relative error below 4e-6 before normalization.
-_EXP2_TERMS = tuple(_LN2 ** k / math.factorial(k) for k in range(7))
-
-
-# Adding then subtracting 1.5 * 2^23 rounds a float32 of magnitude below 2^22 to the nearest integer: plain
-# arithmetic the compiled kernel vectorizes, where floor is a call per element (measured 35% off the kernel).
-_ROUND = 12582912.0
-
-
-def _exp_parts(x: mx.array) -> tuple[mx.array, mx.array]:
-    """e^x for x <= 0 from arithmetic only, as (2^f polynomial, the float bits of 2^n) with e^x = 2^n * 2^f."""
-    t = mx.maximum(x, -87.0) * _LOG2E
-    n = (t + _ROUND) - _ROUND  # |f| <= 0.5 below
-    f = t - n
-    p = _EXP2_TERMS[-1]
-    for c in reversed(_EXP2_TERMS[:-1]):
-        p = p * f + c
-    return p, (n.astype(mx.int32) + 127) << 23
-
-
-# shapeless, so a pass of a width never seen runs at once: a shaped compilation retraces for every new shape
-# (about 10 ms here), and passes run at their inputs' exact widths. The bit view cannot be traced shapeless, so
-# it stays outside (a view costs no copy).
-_exp_parts_compiled = mx.compile(_exp_parts, shapeless=True)
-
-
-def _exp(x: mx.array) -> mx.array:
-    p, bits = _exp_parts_compiled(x)
-    return p * mx.view(bits, mx.float32)
+def padding_mask(attention_mask: mx.array) -> Mask:
+    """[B, L] 1/0 -> the bidirectional mask: every query sees the real tokens (dense: [B, 1, 1, L])."""
+    return Mask(attention_mask != 0)
 
 
 def softmax(scores: mx.array) -> mx.array:
-    """Softmax over the last axis with the arithmetic exp (MLX's exp is a scalar loop on a Linux CPU)."""
-    weights = _exp(scores - mx.max(scores, axis=-1, keepdims=True))
-    return weights * (1.0 / mx.sum(weights, axis=-1, keepdims=True))
+    """Softmax over the last axis, with the active kernels (engine/families/kernels.py)."""
+    return kernels.active().softmax(scores)
 
 
-def attention(q: mx.array, k: mx.array, v: mx.array, mask: mx.array, scale: float | None = None) -> mx.array:
-    """q as [B, H, L, Dh], k and v as [B, Hkv, L, Dh] (Hkv divides H: grouped-query attention), boolean mask
-    [B, 1, L or 1, L] (True = attend); returns [B, L, H * Dh]. scale defaults to 1/sqrt(Dh).
+def attention(q: mx.array, k: mx.array, v: mx.array, mask: Mask | mx.array, scale: float | None = None) -> mx.array:
+    """q as [B, H, Lq, Dh], k and v as [B, Hkv, L, Dh] (Hkv divides H: grouped-query attention), and a Mask
+    (sequence_mask, padding_mask; .at() for some queries only) or a boolean array [B, 1, Lq or 1, L] (True =
+    attend); returns [B, Lq, H * Dh]. scale defaults to 1/sqrt(Dh).
 
-    Written out rather than mx.fast.scaled_dot_product_attention, which is not fused on CPU either and
-    measured slower here than matmul + this softmax + matmul. A row with every key masked averages all
-    keys instead of producing NaN. Grouped heads broadcast over the shared keys instead of copying them.
+    Computed by the active kernels (engine/families/kernels.py): on a CPU, a matmul + arithmetic softmax +
+    matmul for short inputs and blockwise with an online softmax for long ones (memory linear in the length);
+    on a GPU, mx.fast.scaled_dot_product_attention. A row with every key masked stays finite on the CPU set;
+    sequence_mask never makes one. Grouped heads broadcast over the shared keys instead of copying them.
     """
-    b, h, length, dh = q.shape
-    groups = h // k.shape[1]
-    if groups > 1:  # query head i reads key head i // groups, as transformers' repeat_kv
-        q = q.reshape(b, k.shape[1], groups, length, dh)
-        k, v, mask = k[:, :, None], v[:, :, None], mask[:, :, None]
-    scores = (q * (scale if scale is not None else 1.0 / math.sqrt(dh))) @ k.swapaxes(-1, -2)
-    out = (softmax(mx.where(mask, scores, -1e30)) @ v).reshape(b, h, length, dh)
-    return out.transpose(0, 2, 1, 3).reshape(b, length, h * dh)
+    return kernels.active().attention(q, k, v, mask, scale if scale is not None else 1.0 / math.sqrt(q.shape[-1]))
 
 
 def split_heads(x: mx.array, n_heads: int) -> mx.array:
@@ -111,29 +74,9 @@ def gelu_tanh(x: mx.array) -> mx.array:
     return nn.gelu_approx(x)
 
 
-# erf(x) as a ratio of odd/even polynomials on [-4, 4] (the rational form Eigen and XLA use for float32).
-# MLX's erf and exp are scalar loops on a Linux CPU; pure arithmetic fused by mx.compile runs ~7x faster
-# (shared/reference/mlx-on-linux.md). Max error against the exact erf GELU: about 1e-6 (tests/engine).
-_ERF_P = (-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06, -5.69250639462346e-05,
-          -7.34990630326855e-04, -2.95459980854025e-03, -1.60960333262415e-02)
-_ERF_Q = (-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03, -7.37332916720468e-03,
-          -1.42647390514189e-02)
-
-
-def _gelu_erf_arithmetic(x: mx.array) -> mx.array:
-    u = mx.clip(x * 0.7071067811865476, -4.0, 4.0)
-    u2 = u * u
-    p = _ERF_P[0]
-    for c in _ERF_P[1:]:
-        p = p * u2 + c
-    q = _ERF_Q[0]
-    for c in _ERF_Q[1:]:
-        q = q * u2 + c
-    return x * (0.5 + 0.5 * (u * p) / q)
-
-
-# shapeless: one compilation serves every batch shape, so a request never waits for a compiler.
-gelu_erf = mx.compile(_gelu_erf_arithmetic, shapeless=True)
+def gelu_erf(x: mx.array) -> mx.array:
+    """The erf GELU (torch's nn.GELU()), with the active kernels (engine/families/kernels.py)."""
+    return kernels.active().gelu_erf(x)
 
 
 class GeluErf(nn.Module):
@@ -165,23 +108,19 @@ def activation(name: str):
 
 # -- decoder backbones: masks and rotary positions ---------------------------------------------------------
 
-def sequence_mask(attention_mask: mx.array, causal: bool, window: int | None = None) -> mx.array:
-    """[B, L] 1/0 -> boolean [B, 1, L, L] (True = attend) for decoder backbones.
+def sequence_mask(attention_mask: mx.array, causal: bool, window: int | None = None) -> Mask:
+    """[B, L] 1/0 -> the mask of a decoder backbone (dense: boolean [B, 1, L, L], True = attend).
 
     Keys must be real tokens; causal: a query sees keys at or before it; window: within `window` columns
     (causal: q - k < window; bidirectional: |q - k| < window). Every query also sees itself, so a padding
     row is never fully masked (its output is discarded, but NaN would leak through 0 * NaN).
     """
-    length = attention_mask.shape[1]
-    col = mx.arange(length)
-    delta = col[:, None] - col[None, :]  # q - k
-    allowed = mx.ones((length, length), dtype=mx.bool_)
-    if causal:
-        allowed = delta >= 0
-    if window is not None:
-        allowed = allowed & (mx.abs(delta) < window)
-    mask = (allowed[None] & (attention_mask != 0)[:, None, :]) | mx.eye(length, dtype=mx.bool_)[None]
-    return mask[:, None]
+    return Mask(attention_mask != 0, causal=causal, window=window, diagonal=True)
+
+
+def take_rows(x: mx.array, rows: mx.array) -> mx.array:
+    """x [B, L, D] at one position per row (rows [B] int) -> [B, 1, D]."""
+    return mx.take_along_axis(x, rows.reshape(-1, 1, 1).astype(mx.int32), axis=1)
 
 
 def token_positions(attention_mask: mx.array) -> mx.array:
@@ -236,6 +175,55 @@ def rotate(x: mx.array, cos: mx.array, sin: mx.array) -> mx.array:
     """Rotary embedding in the rotate-half layout on [B, H, L, Dh]."""
     half = x.shape[-1] // 2
     return x * cos + mx.concatenate([-x[..., half:], x[..., :half]], axis=-1) * sin
+
+
+class Rotary:
+    """One pass's rotary embedding (rotate-half layout) for one layer kind, applied to [B, H, L, Dh].
+
+    From token positions and rotation speeds: mx.fast.rope with a per-row offset on the fused kernels (the real
+    tokens of a row are contiguous, so their positions are their indices less the row's first real index), cos
+    and sin tables on the arithmetic ones; from tables (M-RoPE), always the tables. Either is built on first use.
+    """
+
+    def __init__(self, positions: mx.array | None = None, inv_freq: mx.array | None = None,
+                 attention_mask: mx.array | None = None, tables: tuple[mx.array, mx.array] | None = None,
+                 offsets: mx.array | None = None):
+        self.positions, self.inv_freq, self.attention_mask = positions, inv_freq, attention_mask
+        self._tables = tables
+        self._offsets = offsets
+
+    @classmethod
+    def from_tables(cls, cos: mx.array, sin: mx.array) -> Rotary:
+        return cls(tables=(cos, sin))
+
+    @property
+    def fused(self) -> bool:
+        return self._tables is None and kernels.active().fused_rope
+
+    def tables(self) -> tuple[mx.array, mx.array]:
+        if self._tables is None:
+            self._tables = rotary_tables(self.positions, self.inv_freq)
+        return self._tables
+
+    def offsets(self) -> mx.array:
+        if self._offsets is None:
+            self._offsets = -mx.argmax((self.attention_mask != 0).astype(mx.int32), axis=1).astype(mx.int32)
+        return self._offsets
+
+    def __call__(self, x: mx.array) -> mx.array:
+        if self.fused:
+            return mx.fast.rope(x, x.shape[-1], traditional=False, base=None, scale=1.0, offset=self.offsets(),
+                                freqs=1.0 / self.inv_freq)
+        return rotate(x, *self.tables())
+
+    def at(self, rows: mx.array) -> Rotary:
+        """The same embedding for one query per row, at positions rows [B]."""
+        if self.fused:
+            return Rotary(self.positions, self.inv_freq, offsets=self.offsets() + rows.astype(mx.int32))
+        index = rows.reshape(-1, 1, 1, 1).astype(mx.int32)
+        cos, sin = self.tables()
+        return Rotary.from_tables(*(mx.take_along_axis(t, mx.broadcast_to(index, (t.shape[0], 1, 1, t.shape[-1])),
+                                                       axis=2) for t in (cos, sin)))
 
 
 def checked_layer_types(family: str, layer_types: list[str] | tuple[str, ...], n_layers: int, kinds: tuple[str, ...],

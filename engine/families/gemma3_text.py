@@ -23,11 +23,13 @@ from engine.errors import UnsupportedCheckpoint
 from engine.families import llama
 from engine.families.base import (
     BaseModelArgs,
+    Mask,
+    Rotary,
     attention,
     checked_layer_types,
     rope_settings,
-    rotate,
     split_heads,
+    take_rows,
 )
 from engine.families.llama import FULL, SLIDING
 
@@ -118,11 +120,16 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(args.head_dim, args.rms_norm_eps)
         self.k_norm = RMSNorm(args.head_dim, args.rms_norm_eps)
 
-    def __call__(self, x: mx.array, mask: mx.array, cos: mx.array, sin: mx.array) -> mx.array:
-        q = self.q_norm(split_heads(self.q_proj(x), self.n_heads))
+    def __call__(self, x: mx.array, mask: Mask, rope: Rotary, rows: mx.array | None = None) -> mx.array:
+        """rows: the output at these positions only ([B] int: [B, 1, D] out), keys from every token."""
+        q = self.q_norm(split_heads(self.q_proj(x if rows is None else take_rows(x, rows)), self.n_heads))
         k = self.k_norm(split_heads(self.k_proj(x), self.n_kv_heads))
         v = split_heads(self.v_proj(x), self.n_kv_heads)
-        return self.o_proj(attention(rotate(q, cos, sin), rotate(k, cos, sin), v, mask, scale=self.scale))
+        if rows is not None:
+            mask, q_rope = mask.at(rows), rope.at(rows)
+        else:
+            q_rope = rope
+        return self.o_proj(attention(q_rope(q), rope(k), v, mask, scale=self.scale))
 
 
 class TransformerBlock(nn.Module):
@@ -136,8 +143,9 @@ class TransformerBlock(nn.Module):
         self.pre_feedforward_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.post_feedforward_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
 
-    def __call__(self, x: mx.array, mask: mx.array, cos: mx.array, sin: mx.array) -> mx.array:
-        h = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), mask, cos, sin))
+    def __call__(self, x: mx.array, mask: Mask, rope: Rotary, rows: mx.array | None = None) -> mx.array:
+        attended = self.self_attn(self.input_layernorm(x), mask, rope, rows)
+        h = (x if rows is None else take_rows(x, rows)) + self.post_attention_layernorm(attended)
         return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
 
 

@@ -18,7 +18,8 @@ import mlx.nn as nn
 
 from engine.errors import UnsupportedCheckpoint
 from engine.families import llama
-from engine.families.base import BaseModelArgs, checked_layer_types, is_bidirectional, rope_settings
+from engine.families.base import (BaseModelArgs, Mask, Rotary, checked_layer_types, is_bidirectional, rope_settings,
+                                   take_rows)
 
 CONV, FULL = "conv", "full_attention"
 
@@ -140,12 +141,14 @@ class DecoderLayer(nn.Module):
         self.operator_norm = nn.RMSNorm(args.hidden_size, eps=args.norm_eps)
         self.ffn_norm = nn.RMSNorm(args.hidden_size, eps=args.norm_eps)
 
-    def __call__(self, x: mx.array, mask: mx.array, cos: mx.array, sin: mx.array) -> mx.array:
+    def __call__(self, x: mx.array, mask: Mask | mx.array, rope: Rotary, rows: mx.array | None = None) -> mx.array:
         normed = self.operator_norm(x)
         if self.layer_type == FULL:
-            h = x + self.self_attn(normed, mask, cos, sin)
+            h = (x if rows is None else take_rows(x, rows)) + self.self_attn(normed, mask, rope, rows)
         else:  # a conv layer's "mask" is the padding multiplier [B, L, 1] (see Lfm2Model.layer_masks)
             h = x + self.conv(normed, mask)
+            if rows is not None:  # the convolution reads its neighbours: every position, then the rows
+                h = take_rows(h, rows)
         return h + self.feed_forward(self.ffn_norm(h))
 
 

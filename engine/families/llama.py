@@ -19,6 +19,8 @@ from engine.errors import UnsupportedCheckpoint
 from engine.families.base import (
     SLIDING_ATTENTION,
     BaseModelArgs,
+    Mask,
+    Rotary,
     Trunk,
     activation,
     attention,
@@ -26,10 +28,9 @@ from engine.families.base import (
     is_bidirectional,
     rope_inverse_frequencies,
     rope_settings,
-    rotary_tables,
-    rotate,
     sequence_mask,
     split_heads,
+    take_rows,
     token_positions,
 )
 
@@ -111,13 +112,18 @@ class Attention(nn.Module):
             self.q_norm = nn.RMSNorm(args.head_dim, eps=args.rms_norm_eps)
             self.k_norm = nn.RMSNorm(args.head_dim, eps=args.rms_norm_eps)
 
-    def __call__(self, x: mx.array, mask: mx.array, cos: mx.array, sin: mx.array) -> mx.array:
-        q = split_heads(self.q_proj(x), self.n_heads)
+    def __call__(self, x: mx.array, mask: Mask, rope: Rotary, rows: mx.array | None = None) -> mx.array:
+        """rows: compute the output at these positions only ([B] int: [B, 1, D] out), keys from every token."""
+        q = split_heads(self.q_proj(x if rows is None else take_rows(x, rows)), self.n_heads)
         k = split_heads(self.k_proj(x), self.n_kv_heads)
         v = split_heads(self.v_proj(x), self.n_kv_heads)
         if "q_norm" in self:
             q, k = self.q_norm(q), self.k_norm(k)
-        return self.o_proj(attention(rotate(q, cos, sin), rotate(k, cos, sin), v, mask))
+        if rows is not None:
+            mask, q_rope = mask.at(rows), rope.at(rows)
+        else:
+            q_rope = rope
+        return self.o_proj(attention(q_rope(q), rope(k), v, mask))
 
 
 class MLP(nn.Module):
@@ -143,8 +149,8 @@ class TransformerBlock(nn.Module):
         self.input_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
         self.post_attention_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
 
-    def __call__(self, x: mx.array, mask: mx.array, cos: mx.array, sin: mx.array) -> mx.array:
-        h = x + self.self_attn(self.input_layernorm(x), mask, cos, sin)
+    def __call__(self, x: mx.array, mask: Mask, rope: Rotary, rows: mx.array | None = None) -> mx.array:
+        h = (x if rows is None else take_rows(x, rows)) + self.self_attn(self.input_layernorm(x), mask, rope, rows)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -166,25 +172,30 @@ class DecoderModel(nn.Module):
     def embed(self, input_ids: mx.array) -> mx.array:
         return self.embed_tokens(input_ids)
 
-    def layer_masks(self, attention_mask: mx.array, kinds: set[str]) -> dict[str, mx.array]:
+    def layer_masks(self, attention_mask: mx.array, kinds: set[str]) -> dict[str, Mask]:
         args = self.args
         return {kind: sequence_mask(attention_mask, args.causal, args.window(kind)) for kind in kinds}
 
-    def __call__(self, input_ids: mx.array, attention_mask: mx.array) -> mx.array:
-        """Padded ids and mask [B, L] (left or right padding) -> final normed hidden states [B, L, D]."""
-        return self.decode(self.embed(input_ids), attention_mask)
+    def __call__(self, input_ids: mx.array, attention_mask: mx.array, needed: mx.array | None = None) -> mx.array:
+        """Padded ids and mask [B, L] (left or right padding) -> final normed hidden states [B, L, D] ([B, 1, D]
+        at the positions `needed` [B] when given)."""
+        return self.decode(self.embed(input_ids), attention_mask, needed)
 
-    def decode(self, x: mx.array, attention_mask: mx.array) -> mx.array:
+    def decode(self, x: mx.array, attention_mask: mx.array, needed: mx.array | None = None) -> mx.array:
         """Input embeddings [B, L, D] (a vision-language family's, image features merged in) -> final normed
-        hidden states. Each layer kind (full / sliding) gets its mask and its rotary tables, built once per pass."""
+        hidden states. Each layer kind (full / sliding) gets its mask and its rotary embedding, built once per
+        pass. needed: one position per row [B] whose state is wanted (last-token pooling): the last layer
+        computes only that position (its keys come from every token), and [B, 1, D] comes out."""
         args = self.args
         positions = token_positions(attention_mask)
         kinds = set(args.layer_types)
-        tables = {kind: rotary_tables(positions, rope_inverse_frequencies(args.head_dim, args.rope_of(kind)))
-                  for kind in kinds}
+        ropes = {kind: Rotary(positions, rope_inverse_frequencies(args.head_dim, args.rope_of(kind)), attention_mask)
+                 for kind in kinds}
         masks = self.layer_masks(attention_mask, kinds)
-        for layer in self.layers:
-            x = layer(x, masks[layer.layer_type], *tables[layer.layer_type])
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            kind = layer.layer_type
+            x = layer(x, masks[kind], ropes[kind], needed if i == last else None)
         return self.norm(x)
 
 
@@ -198,9 +209,12 @@ class Model(Trunk):
         self.args = args
         self.model = self.backbone(args)
 
-    def __call__(self, input_ids: mx.array, attention_mask: mx.array,
-                 token_type_ids: mx.array | None = None) -> mx.array:
-        return self.model(input_ids, attention_mask)
+    # the pipeline may pass `needed` (engine/compute/pipeline.py: last-token pooling)
+    computes_needed_rows = True
+
+    def __call__(self, input_ids: mx.array, attention_mask: mx.array, token_type_ids: mx.array | None = None,
+                 needed: mx.array | None = None) -> mx.array:
+        return self.model(input_ids, attention_mask, needed)
 
     def sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
         return backbone_weights(weights, keep_head=False)

@@ -16,6 +16,7 @@ from engine.errors import UnsupportedCheckpoint
 from engine.families.base import (
     SLIDING_ATTENTION,
     BaseModelArgs,
+    Mask,
     Trunk,
     activation,
     attention,
@@ -159,19 +160,12 @@ class Model(Trunk):
         self.layers = [ModernBertEncoderLayer(args, i) for i in range(args.num_hidden_layers)]
         self.final_norm = _layer_norm(args)
 
-    def masks(self, attention_mask: mx.array) -> dict[str, mx.array]:
-        """Boolean masks (True = attend) per layer kind.
-
-        Global: the padding mask [B, 1, 1, L]. Local: padding and |q - k| <= window, [B, 1, L, L]; every query
+    def masks(self, attention_mask: mx.array) -> dict[str, Mask]:
+        """The mask per layer kind. Global: the padding mask. Local: padding and |q - k| <= window; every query
         also sees itself, so a padding row beyond the window of any real token is never fully masked (NaN).
-        A real query always sees itself anyway, so its row is unchanged.
-        """
+        A real query always sees itself anyway, so its row is unchanged."""
         keys = padding_mask(attention_mask)
-        length = attention_mask.shape[1]
-        pos = mx.arange(length)
-        dist = mx.abs(pos[:, None] - pos[None, :])
-        local = (keys & (dist <= self.args.window)) | (dist == 0)
-        return {GLOBAL: keys, LOCAL: local}
+        return {GLOBAL: keys, LOCAL: Mask(keys.keys, window=self.args.window + 1, diagonal=True)}
 
     def __call__(self, input_ids: mx.array, attention_mask: mx.array,
                  token_type_ids: mx.array | None = None) -> mx.array:

@@ -25,6 +25,7 @@ from engine.families import llama, qwen2
 from engine.families.base import (
     BaseModelArgs,
     GeluErf,
+    Rotary,
     activation,
     attention,
     rope_inverse_frequencies,
@@ -216,8 +217,9 @@ class TextModel(llama.DecoderModel):
         args = self.args
         kinds = set(args.layer_types)
         inv_freq = rope_inverse_frequencies(args.head_dim, args.rope)
-        cos, sin = (t.astype(x.dtype) for t in mrope_tables(positions, inv_freq, sectioned_axes(self.mrope_section)))
+        rope = Rotary.from_tables(*(t.astype(x.dtype) for t in mrope_tables(positions, inv_freq,
+                                                                            sectioned_axes(self.mrope_section))))
         masks = self.layer_masks(attention_mask, kinds)
         for layer in self.layers:
-            x = layer(x, masks[layer.layer_type], cos, sin)
+            x = layer(x, masks[layer.layer_type], rope)
         return self.norm(x)

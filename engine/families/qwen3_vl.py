@@ -23,7 +23,7 @@ import numpy as np
 
 from engine.errors import UnsupportedCheckpoint
 from engine.families import llama, qwen3
-from engine.families.base import BaseModelArgs, Trunk, place_image_features, rope_inverse_frequencies
+from engine.families.base import BaseModelArgs, Rotary, Trunk, place_image_features, rope_inverse_frequencies
 from engine.families.mrope import Grid, interleaved_axes, mrope_tables, rope_index
 from engine.families.qwen3_vl_tower import VisionArgs, VisionModel
 
@@ -81,11 +81,11 @@ class TextModel(llama.DecoderModel):
         args = self.args
         inv_freq = rope_inverse_frequencies(args.head_dim, args.rope)
         axis = interleaved_axes(inv_freq.shape[0], args.mrope_section)
-        cos, sin = (t.astype(embeds.dtype) for t in mrope_tables(positions, inv_freq, axis))
+        rope = Rotary.from_tables(*(t.astype(embeds.dtype) for t in mrope_tables(positions, inv_freq, axis)))
         mask = self.layer_masks(attention_mask, {llama.FULL})[llama.FULL]
         x = embeds
         for i, layer in enumerate(self.layers):
-            x = layer(x, mask, cos, sin)
+            x = layer(x, mask, rope)
             if i < len(deepstack):
                 x = x + deepstack[i]
         return self.norm(x)
