@@ -3,7 +3,10 @@ from __future__ import annotations
 
 from engine.errors import InputTooLong
 
-HARD_CAP = 8192  # no checkpoint is asked for more tokens per input than this
+# No checkpoint is asked for more tokens per input than this. Attention memory is linear in the length
+# (engine/families/kernels.py), so what binds below it is the model's positions, -ub / -c, and the memory the
+# startup fitting finds (engine/runtime/shapes.py).
+HARD_CAP = 131072
 
 
 def _pad256(n: int) -> int:

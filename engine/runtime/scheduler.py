@@ -19,17 +19,20 @@ class Waiting(Protocol):
 
 
 MIN_WIDTH = 8  # the narrowest shape warmed at load
+WARM_MAX = 1024  # the widest: a wider max_seq is fitted from this one's memory (engine/runtime/shapes.py)
 
 
 def warm_widths(max_seq: int, fixed_width: int = 0) -> list[int]:
     """The row widths run once at load (to build the kernels and measure activation memory): powers of two
-    from MIN_WIDTH, and max_seq itself; just fixed_width when every row has that width. Batches are not padded
-    to these: a pass runs at the exact width of its longest input."""
+    from MIN_WIDTH, and max_seq itself, up to WARM_MAX, so startup does not grow with the window; just
+    fixed_width when every row has that width. Batches are not padded to these: a pass runs at the exact width
+    of its longest input."""
     if fixed_width:
         return [fixed_width]
-    widths = {max_seq}
+    top = min(max_seq, WARM_MAX)
+    widths = {top}
     width = MIN_WIDTH
-    while width < max_seq:
+    while width < top:
         widths.add(width)
         width *= 2
     return sorted(widths)

@@ -30,7 +30,8 @@ def test_slots(ctx, parallel, n_train, expected):
     (512, 1024, None, 512),
     (512, 512, 256, 256),
     (512, 128, 256, 128),
-    (32768, 32768, None, limits.HARD_CAP),
+    (32768, 32768, None, 32768),  # Qwen3-Embedding's positions
+    (1 << 20, 1 << 20, None, limits.HARD_CAP),
 ])
 def test_input_limit(n_positions, ubatch, slot_ctx, expected):
     assert limits.input_limit(n_positions, ubatch, slot_ctx) == expected
@@ -47,7 +48,8 @@ def test_check_names_the_binding_limit_in_llama_order():
     assert _kind(600, 512, 512, 256) == ("ubatch", 512, 600)  # the physical batch is checked first
     assert _kind(257, 512, 512, 256) == ("context", 256, 257)
     assert _kind(513, 512, 1024, None) == ("positions", 512, 513)
-    assert _kind(9000, 32768, 32768, None) == ("positions", limits.HARD_CAP, 9000)
+    assert _kind(40000, 32768, 65536, None) == ("positions", 32768, 40000)
+    assert _kind(limits.HARD_CAP + 1, 1 << 20, 1 << 20, None) == ("positions", limits.HARD_CAP, limits.HARD_CAP + 1)
 
 
 def test_check_accepts_what_input_limit_allows():
