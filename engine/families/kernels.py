@@ -245,9 +245,17 @@ def _dense_attention(q: mx.array, k: mx.array, v: mx.array, mask: mx.array, scal
 # -- blockwise attention (long inputs on a CPU) ------------------------------------------------------------
 
 BLOCKWISE_FROM = 512  # tokens: from this query length on, the CPU set attends blockwise
-TILE_ELEMENTS = 1 << 21  # scores in one tile, all rows and heads together (8 MiB of float32)
+TILE_ELEMENTS = 1 << 22  # scores in one tile, all rows and heads together (16 MiB of float32)
 MAX_BLOCK_ROWS = 256
-MAX_TILE_KEYS = 1024
+MAX_TILE_KEYS = 2048
+# MLX allocates each operation's output when it schedules it, about ten operations ahead of the one computing
+LOOKAHEAD_TILES = 16
+
+
+def transient_bytes() -> int:
+    """A bound on what blockwise attention holds beyond q, k, v and its output, whatever the length: the
+    tiles (scores, exponentials) of the operations MLX has scheduled ahead."""
+    return LOOKAHEAD_TILES * TILE_ELEMENTS * 4
 
 
 def tile_shape(rows_times_heads: int) -> tuple[int, int]:

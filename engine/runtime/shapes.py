@@ -12,10 +12,11 @@ per-row memory is linear in w beyond that width. Startup therefore runs the warm
 up to scheduler.WARM_MAX = 1024, or max_seq when shorter) and measures each one's peak; a longer max_seq is
 fitted from the widest warmed width W (>= BLOCKWISE_FROM, so on the linear law) as
 
-    per_row(w) = per_row(W) * w / W * EXTRAPOLATION_MARGIN      for W < w <= max_seq.
+    per_row(w) = per_row(W) * w / W * EXTRAPOLATION_MARGIN + kernels.transient_bytes()   for W < w <= max_seq.
 
-The line through the origin also scales W's constant part (the attention tiles, buffers), which only
-overestimates a longer row, and the margin covers allocator rounding and the scheduler's look-ahead. Activation
+The line through the origin also scales W's constant part (buffers, W's own tiles), which only overestimates a
+longer row; the margin covers allocator rounding, and transient_bytes the widest attention tiles a longer row
+may use (they stop growing at kernels.MAX_TILE_KEYS keys). Activation
 memory grows linearly with rows, so the one-row peak of the widest row bounds how many tokens a pass may hold;
 max_seq shrinks to the longest row that fits if max_seq itself would not. Startup time and memory no longer grow
 with --max-seq.
@@ -56,7 +57,7 @@ def row_memory(per_row: dict[int, int], width: int) -> int:
     widest = max(per_row)
     if width < widest:  # between warmed widths: the next wider one bounds it
         return per_row[min(w for w in per_row if w >= width)]
-    return int(per_row[widest] * width / widest * EXTRAPOLATION_MARGIN)
+    return int(per_row[widest] * width / widest * EXTRAPOLATION_MARGIN) + kernels.transient_bytes()
 
 
 def longest_fitting(per_row: dict[int, int], max_seq: int, budget: int, extrapolate: bool = True) -> int | None:
@@ -66,8 +67,9 @@ def longest_fitting(per_row: dict[int, int], max_seq: int, budget: int, extrapol
     if not fitting:
         return None
     widest = max(per_row)
-    if extrapolate and max_seq > widest and per_row[widest] <= budget:
-        fitting.append(int(budget / (per_row[widest] / widest * EXTRAPOLATION_MARGIN)))
+    room = budget - kernels.transient_bytes()
+    if extrapolate and max_seq > widest and per_row[widest] <= room:
+        fitting.append(max(widest, int(room / (per_row[widest] / widest * EXTRAPOLATION_MARGIN))))
     return min(max_seq, max(fitting))
 
 

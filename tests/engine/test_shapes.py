@@ -7,6 +7,7 @@ import mlx.core as mx
 import pytest
 
 from engine.compute.pipeline import EmbeddingPipeline
+from engine.families import kernels
 from engine.runtime import shapes
 from engine.runtime.scheduler import WARM_MAX, warm_widths
 from tests.engine.helpers import start_engine
@@ -37,13 +38,13 @@ def test_a_long_max_seq_runs_no_pass_wider_than_the_warm_set(monkeypatch):
     runner, fitted = _prepare(monkeypatch, 64 << 30, max_seq=131072, max_tokens=131072)
     assert runner.widths == warm_widths(131072) == [8, 16, 32, 64, 128, 256, 512, 1024]
     assert max(runner.widths) == WARM_MAX
-    assert fitted.max_seq == 131072  # the law says it fits: 131072 tokens x 4 KiB x 1.25 is 640 MiB
+    assert fitted.max_seq == 131072  # the law says it fits: 131072 tokens x 4 KiB x 1.25 is 640 MiB, plus tiles
 
 
 def test_widths_beyond_the_warm_set_are_fitted_by_the_linear_law(monkeypatch):
-    budget = 100 << 20
+    budget = kernels.transient_bytes() + (100 << 20)
     _, fitted = _prepare(monkeypatch, 2 * budget, max_seq=131072, max_tokens=131072)
-    law = budget / (PER_TOKEN * shapes.EXTRAPOLATION_MARGIN)  # 20,480 tokens, less the runner's own overhead
+    law = (100 << 20) / (PER_TOKEN * shapes.EXTRAPOLATION_MARGIN)  # 20,480 tokens, less the runner's overhead
     assert 0.9 * law <= fitted.max_seq <= law
     assert fitted.max_tokens == fitted.max_seq  # one row of the longest input fills the budget
 
@@ -58,8 +59,10 @@ def test_row_memory_law():
     per_row = {8: 100, 512: 1000, 1024: 2000}
     assert shapes.row_memory(per_row, 512) == 1000
     assert shapes.row_memory(per_row, 600) == 2000  # between warmed widths: the next wider one
-    assert shapes.row_memory(per_row, 4096) == int(2000 * 4 * shapes.EXTRAPOLATION_MARGIN)
-    assert shapes.longest_fitting(per_row, 8192, 2500) == 1024  # 1024 * 2500 / 2500
+    tiles = kernels.transient_bytes()
+    assert shapes.row_memory(per_row, 4096) == int(2000 * 4 * shapes.EXTRAPOLATION_MARGIN) + tiles
+    assert shapes.longest_fitting(per_row, 8192, 2500) == 1024  # the widest warmed; no room for longer tiles
+    assert shapes.longest_fitting(per_row, 8192, tiles + 10_000) == 4096  # 10,000 bytes at 2000 / 1024 * 1.25 a token
     assert shapes.longest_fitting(per_row, 8192, 1 << 40) == 8192
     assert shapes.longest_fitting(per_row, 8192, 50) is None
     assert shapes.longest_fitting({64: 10}, 32, 100, extrapolate=False) == 32  # a fixed width, max_seq below it
