@@ -1,0 +1,225 @@
+"""One long input at a time: our engine against llama-server on the tiny random Qwen3 GGUF (issue 18).
+
+    .venv/bin/python benchmarks/long_inputs.py                       # 512 ... 32768 tokens, about 3 minutes
+    .venv/bin/python benchmarks/long_inputs.py --lengths 512,2048 --repeat 3
+    .venv/bin/python benchmarks/long_inputs.py --baseline ../main    # also an older checkout, up to 8192 tokens
+
+For each length, one /v1/embeddings-equivalent call of one input of that many tokens (random ids ending with
+<|endoftext|>, last-token pooling): our engine in this process (the Engine API, as tests/engine/helpers.py's
+start_engine), llama-server (/work/shared/peers/llama-server, `-m FILE --embedding --pooling last -c 32768
+-b 32768 -ub 32768 -np 1`) over HTTP with the same token ids, and optionally another checkout of this
+repository (--baseline, in a child process) -- taking turns at every call, so a drift of a shared machine falls
+on all of them. A time is the best of --repeat calls (after one warm-up call each up to 8192 tokens); peak RSS is
+each process's high-water mark over that length's calls (reset through /proc/PID/clear_refs); `cosine` is
+between our vector and llama-server's (f16 weights there, float32 compute here).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+GGUF = Path("/work/shared/fixtures/gguf/tiny-random-qwen3-last-f16.gguf")
+LLAMA = Path("/work/shared/peers/llama-server")
+LENGTHS = (512, 1024, 2048, 4096, 8192, 16384, 32768)
+EOS = 151643  # <|endoftext|>, what Qwen3-Embedding's tokenizer appends and last-token pooling reads
+CTX = 32768
+
+
+def tokens(n: int) -> list[int]:
+    """n token ids (a fixed pseudo-random sequence within the vocabulary), the last one <|endoftext|>."""
+    import numpy as np
+
+    return [int(t) for t in np.random.default_rng(n).integers(200, 150_000, n - 1)] + [EOS]
+
+
+# -- peak RSS per process -------------------------------------------------------------------------------------
+
+def reset_peak(pid: int | str = "self") -> None:
+    try:
+        Path(f"/proc/{pid}/clear_refs").write_text("5")  # resets VmHWM to the current RSS (Linux >= 4.0)
+    except OSError:
+        pass
+
+
+def peak_mib(pid: int | str = "self") -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 if pid == "self" else float("nan")
+
+
+# -- the three contestants --------------------------------------------------------------------------------------
+
+class Ours:
+    """The engine of a checkout, in this process: embed one input, return (seconds, vector)."""
+
+    def __init__(self, tree: Path, max_tokens: int):
+        sys.path.insert(0, str(tree))
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        from engine import Engine, EngineOptions
+
+        started = time.monotonic()
+        self.engine = Engine(EngineOptions(model_path=str(GGUF), threads=2, ubatch_tokens=max_tokens,
+                                           max_batch_tokens=max_tokens))
+        self.info = self.engine.wait_loaded(1800)
+        self.startup_s = time.monotonic() - started
+
+    def __call__(self, ids: list[int]) -> tuple[float, list[float]]:
+        started = time.perf_counter()
+        vector = self.engine.embed([ids]).vectors[0]
+        return time.perf_counter() - started, [float(x) for x in vector]
+
+    def close(self) -> None:
+        self.engine.close(wait=True)
+
+
+class Baseline:
+    """Another checkout's engine in a child process (this script with --worker), one request per line."""
+
+    def __init__(self, tree: Path, max_tokens: int):
+        self.proc = subprocess.Popen([sys.executable, __file__, "--worker", str(tree), "--max-tokens", str(max_tokens)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=tree)
+        self.startup_s = json.loads(self.proc.stdout.readline())["startup_s"]
+
+    def __call__(self, ids: list[int]) -> tuple[float, list[float]]:
+        self.proc.stdin.write(json.dumps(ids) + "\n")
+        self.proc.stdin.flush()
+        reply = json.loads(self.proc.stdout.readline())
+        return reply["s"], reply["vector"]
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(60)
+
+
+class LlamaServer:
+    def __init__(self, logs: Path):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.log = open(logs, "w")
+        started = time.monotonic()
+        self.proc = subprocess.Popen([str(LLAMA), "-m", str(GGUF), "--embedding", "--pooling", "last", "-c", str(CTX),
+                                      "-b", str(CTX), "-ub", str(CTX), "-np", "1", "--host", "127.0.0.1",
+                                      "--port", str(self.port)], stdout=self.log, stderr=subprocess.STDOUT)
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"llama-server exited ({self.proc.returncode}); see {logs}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.2)
+        self.startup_s = time.monotonic() - started
+
+    def __call__(self, ids: list[int]) -> tuple[float, list[float]]:
+        body = json.dumps({"input": ids, "encoding_format": "float"}).encode()
+        request = urllib.request.Request(f"http://127.0.0.1:{self.port}/v1/embeddings", data=body,
+                                         headers={"Content-Type": "application/json"})
+        started = time.perf_counter()
+        with urllib.request.urlopen(request, timeout=600) as r:
+            reply = json.loads(r.read())
+        return time.perf_counter() - started, reply["data"][0]["embedding"]
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(30)
+        self.log.close()
+
+
+def worker(tree: Path, max_tokens: int) -> int:
+    """--worker: serve Baseline's requests with the engine of `tree`, reporting this process's peak RSS."""
+    ours = Ours(tree, max_tokens)
+    print(json.dumps({"startup_s": ours.startup_s}), flush=True)
+    for line in sys.stdin:
+        seconds, vector = ours(json.loads(line))
+        print(json.dumps({"s": seconds, "vector": vector}), flush=True)
+    ours.close()
+    return 0
+
+
+# -- the run ------------------------------------------------------------------------------------------------------
+
+def cosine(a: list[float], b: list[float]) -> float:
+    dot = sum(x * y for x, y in zip(a, b, strict=True))
+    return dot / (sum(x * x for x in a) ** 0.5 * sum(y * y for y in b) ** 0.5)
+
+
+def measure(contestants: dict, pids: dict, ids: list[int], repeat: int, warm: bool) -> dict:
+    """name -> (best seconds over `repeat` calls, peak RSS MiB over them, the vector). The contestants take turns
+    at every call; a warm-up call each first when `warm` (a length's first pass builds its tile shapes)."""
+    for pid in pids.values():
+        reset_peak(pid)
+    vectors = {name: call(ids)[1] for name, call in contestants.items()} if warm else {}
+    times: dict[str, list[float]] = {name: [] for name in contestants}
+    for _ in range(repeat):
+        for name, call in contestants.items():
+            seconds, vectors[name] = call(ids)
+            times[name].append(seconds)
+    return {name: (min(times[name]), peak_mib(pids[name]), vectors[name]) for name in contestants}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lengths", default=",".join(map(str, LENGTHS)), help="comma-separated token counts")
+    parser.add_argument("--repeat", type=int, default=0, help="timed calls per length (default: 3 up to 4096 "
+                        "tokens, 2 at 8192, 1 beyond)")
+    parser.add_argument("--baseline", type=Path, help="another checkout of this repository to time as well")
+    parser.add_argument("--baseline-max", type=int, default=8192, help="longest input for --baseline (an engine "
+                        "with quadratic attention capped inputs at 8192 tokens)")
+    parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--max-tokens", type=int, default=CTX, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        return worker(args.worker, args.max_tokens)
+    lengths = [int(n) for n in args.lengths.split(",")]
+    contestants = {"ours": Ours(REPO, max(lengths))}
+    print(f"ours: loaded in {contestants['ours'].startup_s:.1f} s (per-input limit "
+          f"{contestants['ours'].info.max_input_tokens}, widths warmed {contestants['ours'].info.widths})", flush=True)
+    llama = contestants["llama-server"] = LlamaServer(Path("/tmp/long_inputs.llama-server.log"))
+    print(f"llama-server: ready in {llama.startup_s:.1f} s", flush=True)
+    if args.baseline:
+        base = contestants["baseline"] = Baseline(args.baseline.resolve(), min(max(lengths), args.baseline_max))
+        print(f"baseline ({args.baseline}): loaded in {base.startup_s:.1f} s", flush=True)
+    pids = {"ours": "self", "llama-server": llama.proc.pid}
+    if args.baseline:
+        pids["baseline"] = contestants["baseline"].proc.pid
+    head = "| tokens | ours ms | llama-server ms | ours / llama |"
+    rule = "|---:|---:|---:|---:|"
+    if args.baseline:
+        head += " baseline ms | baseline / ours |"
+        rule += "---:|---:|"
+    print(f"\n{head} ours peak RSS MiB | llama peak RSS MiB | cosine |\n{rule}---:|---:|---:|", flush=True)
+    try:
+        for n in lengths:
+            repeat = args.repeat or (3 if n <= 4096 else 2 if n <= 8192 else 1)
+            running = {name: call for name, call in contestants.items()
+                       if name != "baseline" or n <= args.baseline_max}
+            row = measure(running, {name: pids[name] for name in running}, tokens(n), repeat, warm=n <= 8192)
+            ours, theirs = row["ours"], row["llama-server"]
+            line = f"| {n} | {ours[0] * 1000:.0f} | {theirs[0] * 1000:.0f} | {ours[0] / theirs[0]:.1f} |"
+            if args.baseline:
+                line += (f" {row['baseline'][0] * 1000:.0f} | {row['baseline'][0] / ours[0]:.1f} |" if "baseline" in row
+                         else " - | - |")
+            print(f"{line} {ours[1]:.0f} | {theirs[1]:.0f} | {cosine(ours[2], theirs[2]):.6f} |", flush=True)
+    finally:
+        for contestant in contestants.values():
+            contestant.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
