@@ -26,17 +26,13 @@ the length.
 """
 from __future__ import annotations
 
-import logging
 import math
-from collections.abc import Callable
-from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Callable
 
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
-
-log = logging.getLogger(__name__)
 
 # -- arithmetic exp, softmax, GELU (the CPU set) -------------------------------------------------------------
 
@@ -437,23 +433,24 @@ def active() -> Kernels:
 
 
 def select(kernels: Kernels | str | None = None) -> Kernels:
-    """Set the process's kernels (None: the default device's), log the choice, and return it. The engine calls
-    it once at load, before the first pass."""
+    """Set the process's kernels (None: the default device's) and return them. The engine calls it once at load,
+    before the first pass (engine/runtime/shapes.py, which logs the choice)."""
     global _active
-    chosen = for_device() if kernels is None else SETS[kernels] if isinstance(kernels, str) else kernels
-    if chosen is not _active or kernels is None:
-        log.info("kernels: %s (device %s)", chosen.name, mx.default_device())
-    _active = chosen
-    return chosen
+    _active = for_device() if kernels is None else SETS[kernels] if isinstance(kernels, str) else kernels
+    return _active
 
 
-@contextmanager
-def using(kernels: Kernels | str):
-    """Compute with `kernels` inside the block (tests compare the two sets on one device)."""
-    global _active
-    before = _active
-    _active = SETS[kernels] if isinstance(kernels, str) else kernels
-    try:
-        yield _active
-    finally:
-        _active = before
+class using:
+    """`with using("fused"):` computes with that set inside the block (tests compare the two on one device)."""
+
+    def __init__(self, kernels: Kernels | str):
+        self.kernels = SETS[kernels] if isinstance(kernels, str) else kernels
+
+    def __enter__(self) -> Kernels:
+        global _active
+        self.before, _active = _active, self.kernels
+        return _active
+
+    def __exit__(self, *exc) -> None:
+        global _active
+        _active = self.before

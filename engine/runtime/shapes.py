@@ -77,7 +77,7 @@ def prepare(runner: Runner, pad_id: int, max_seq: int, max_tokens: int, max_rows
             fixed_width: int = 0) -> BatchLimits:
     """Choose the kernels for the device, warm one row per width of warm_widths, measure its activation
     memory, and fit the caps to memory by the law above."""
-    kernels.select()
+    log.info("kernels: %s (device %s)", kernels.select().name, mx.default_device())
     budget = int(available_memory() * MEMORY_SHARE)
     per_row: dict[int, int] = {}
     for width in warm_widths(max_seq, fixed_width):

@@ -1,6 +1,7 @@
 """engine/runtime/shapes.py: the passes run at startup and the caps fitted to memory by the linear law."""
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import mlx.core as mx
@@ -34,8 +35,10 @@ def _prepare(monkeypatch, available: int, max_seq: int, max_tokens: int = 1 << 2
     return runner, shapes.prepare(runner, 0, max_seq, max_tokens, max_rows)
 
 
-def test_a_long_max_seq_runs_no_pass_wider_than_the_warm_set(monkeypatch):
-    runner, fitted = _prepare(monkeypatch, 64 << 30, max_seq=131072, max_tokens=131072)
+def test_a_long_max_seq_runs_no_pass_wider_than_the_warm_set(monkeypatch, caplog):
+    with caplog.at_level(logging.INFO, logger="engine.runtime.shapes"):
+        runner, fitted = _prepare(monkeypatch, 64 << 30, max_seq=131072, max_tokens=131072)
+    assert "kernels: cpu-arithmetic" in caplog.text  # chosen from the device, before the first pass
     assert runner.widths == warm_widths(131072) == [8, 16, 32, 64, 128, 256, 512, 1024]
     assert max(runner.widths) == WARM_MAX
     assert fitted.max_seq == 131072  # the law says it fits: 131072 tokens x 4 KiB x 1.25 is 640 MiB, plus tiles
