@@ -43,7 +43,7 @@ class Trunk(nn.Module):
 
 def padding_mask(attention_mask: mx.array) -> Mask:
     """[B, L] 1/0 -> the bidirectional mask: every query sees the real tokens (dense: [B, 1, 1, L])."""
-    return Mask(attention_mask != 0)
+    return Mask(attention_mask != 0, source=attention_mask)
 
 
 def softmax(scores: mx.array) -> mx.array:
@@ -115,7 +115,7 @@ def sequence_mask(attention_mask: mx.array, causal: bool, window: int | None = N
     (causal: q - k < window; bidirectional: |q - k| < window). Every query also sees itself, so a padding
     row is never fully masked (its output is discarded, but NaN would leak through 0 * NaN).
     """
-    return Mask(attention_mask != 0, causal=causal, window=window, diagonal=True)
+    return Mask(attention_mask != 0, causal=causal, window=window, diagonal=True, source=attention_mask)
 
 
 def take_rows(x: mx.array, rows: mx.array) -> mx.array:

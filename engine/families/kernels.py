@@ -142,7 +142,8 @@ class Mask:
     bidirectional: |q - k| < window). diagonal: every query also sees itself, so no row is fully masked
     (a padding query's output is discarded, but NaN would leak through 0 * NaN). queries: [B, Lq] positions
     of the queries when only some are computed (the last layer of a last-token-pooled pass); None means
-    every position, in order.
+    every position, in order. source: the 1/0 attention mask `keys` was computed from: already on the host's side
+    of the graph, so reading it never waits for a pass computing on the stream (keys itself is lazy).
     """
 
     keys: mx.array
@@ -150,6 +151,7 @@ class Mask:
     window: int | None = None
     diagonal: bool = False
     queries: mx.array | None = None
+    source: mx.array | None = None  # the [B, L] 1/0 array keys came from, read on the host without waiting
     _dense: mx.array | None = field(default=None, init=False, repr=False)
     _host: tuple[np.ndarray, bool] | None = field(default=None, init=False, repr=False)
 
@@ -164,7 +166,7 @@ class Mask:
 
     def at(self, positions: mx.array) -> Mask:
         """The same mask for one query per row, at positions [B] (int)."""
-        return Mask(self.keys, self.causal, self.window, self.diagonal, positions.reshape(-1, 1))
+        return Mask(self.keys, self.causal, self.window, self.diagonal, positions.reshape(-1, 1), self.source)
 
     def dense(self) -> mx.array:
         """Boolean [B, 1, Lq or 1, L] (True = attend), built once per mask."""
@@ -197,9 +199,9 @@ class Mask:
 
     def host(self) -> tuple[np.ndarray, bool]:
         """(for each key, whether it is real in every row; whether every row's real tokens are a prefix),
-        read from the keys once (a [B, L] copy to the host)."""
+        read once (a [B, L] copy to the host)."""
         if self._host is None:
-            keys = np.array(self.keys).astype(bool)
+            keys = np.array(self.keys if self.source is None else self.source) != 0
             lengths = keys.sum(axis=1)
             prefix = bool((keys == (np.arange(keys.shape[1])[None, :] < lengths[:, None])).all())
             self._host = (keys.all(axis=0), prefix)

@@ -165,7 +165,8 @@ class Model(Trunk):
         also sees itself, so a padding row beyond the window of any real token is never fully masked (NaN).
         A real query always sees itself anyway, so its row is unchanged."""
         keys = padding_mask(attention_mask)
-        return {GLOBAL: keys, LOCAL: Mask(keys.keys, window=self.args.window + 1, diagonal=True)}
+        local = Mask(keys.keys, window=self.args.window + 1, diagonal=True, source=attention_mask)
+        return {GLOBAL: keys, LOCAL: local}
 
     def __call__(self, input_ids: mx.array, attention_mask: mx.array,
                  token_type_ids: mx.array | None = None) -> mx.array:
