@@ -1,6 +1,6 @@
 """One long input at a time: our engine against llama-server on the tiny random Qwen3 GGUF (issue 18).
 
-    .venv/bin/python benchmarks/long_inputs.py                       # 512 ... 32768 tokens, about 3 minutes
+    .venv/bin/python benchmarks/long_inputs.py                       # 512 ... 32767 tokens, about 3 minutes
     .venv/bin/python benchmarks/long_inputs.py --lengths 512,2048 --repeat 3
     .venv/bin/python benchmarks/long_inputs.py --baseline ../main    # also an older checkout, up to 8192 tokens
 
@@ -11,7 +11,8 @@ start_engine), llama-server (/work/shared/peers/llama-server, `-m FILE --embeddi
 repository (--baseline, in a child process) -- taking turns at every call, so a drift of a shared machine falls
 on all of them. A time is the best of --repeat calls (after one warm-up call each up to 8192 tokens); peak RSS is
 each process's high-water mark over that length's calls (reset through /proc/PID/clear_refs); `cosine` is
-between our vector and llama-server's (f16 weights there, float32 compute here).
+between our vector and llama-server's (f16 weights there, float32 compute here). llama-server runs up to
+--llama-max tokens (8192 by default: its memory grows by about 1.2 MiB a token).
 """
 from __future__ import annotations
 
@@ -29,16 +30,19 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 GGUF = Path("/work/shared/fixtures/gguf/tiny-random-qwen3-last-f16.gguf")
 LLAMA = Path("/work/shared/peers/llama-server")
-LENGTHS = (512, 1024, 2048, 4096, 8192, 16384, 32768)
+# llama-server refuses an input of exactly -c tokens ("exceeds the available context size"), so the top is one less
+LENGTHS = (512, 1024, 2048, 4096, 8192, 16384, 32767)
 EOS = 151643  # <|endoftext|>, what Qwen3-Embedding's tokenizer appends and last-token pooling reads
 CTX = 32768
 
 
-def tokens(n: int) -> list[int]:
-    """n token ids (a fixed pseudo-random sequence within the vocabulary), the last one <|endoftext|>."""
+def tokens(n: int, call: int) -> list[int]:
+    """n token ids for the call-th call at that length (a pseudo-random sequence within the vocabulary, a new one
+    for every call: llama-server would otherwise reuse its cache of the previous prompt and compute one token),
+    the last one <|endoftext|>."""
     import numpy as np
 
-    return [int(t) for t in np.random.default_rng(n).integers(200, 150_000, n - 1)] + [EOS]
+    return [int(t) for t in np.random.default_rng([n, call + 1]).integers(200, 150_000, n - 1)] + [EOS]
 
 
 # -- peak RSS per process -------------------------------------------------------------------------------------
@@ -158,18 +162,35 @@ def cosine(a: list[float], b: list[float]) -> float:
     return dot / (sum(x * x for x in a) ** 0.5 * sum(y * y for y in b) ** 0.5)
 
 
-def measure(contestants: dict, pids: dict, ids: list[int], repeat: int, warm: bool) -> dict:
-    """name -> (best seconds over `repeat` calls, peak RSS MiB over them, the vector). The contestants take turns
-    at every call; a warm-up call each first when `warm` (a length's first pass builds its tile shapes)."""
+def measure(contestants: dict, pids: dict, n: int, repeat: int, warm: bool) -> dict:
+    """name -> (best seconds over `repeat` calls, peak RSS MiB over them, the last vector) or the error it raised.
+    The contestants take turns at every call, each call with new ids (the same for all); a warm-up call each
+    first when `warm` (a length's first pass builds its tile shapes)."""
     for pid in pids.values():
         reset_peak(pid)
-    vectors = {name: call(ids)[1] for name, call in contestants.items()} if warm else {}
     times: dict[str, list[float]] = {name: [] for name in contestants}
-    for _ in range(repeat):
-        for name, call in contestants.items():
-            seconds, vectors[name] = call(ids)
-            times[name].append(seconds)
-    return {name: (min(times[name]), peak_mib(pids[name]), vectors[name]) for name in contestants}
+    vectors: dict[str, list[float]] = {}
+    failed: dict[str, str] = {}
+    for call in range(-1 if warm else 0, repeat):
+        ids = tokens(n, call)
+        for name, contestant in contestants.items():
+            if name in failed:
+                continue
+            try:
+                seconds, vectors[name] = contestant(ids)
+            except Exception as exc:  # llama-server refusing, or killed for memory: the others go on
+                failed[name] = f"{type(exc).__name__}: {exc}"
+                continue
+            if call >= 0:
+                times[name].append(seconds)
+    return {name: failed.get(name) or (min(times[name]), peak_mib(pids[name]), vectors[name]) for name in contestants}
+
+
+def baseline_cells(result: tuple | str, ours: tuple) -> str:
+    """The baseline's time and its ratio to ours, or that it failed."""
+    if isinstance(result, str):
+        return " failed | - |"
+    return f" {result[0] * 1000:.0f} | {result[0] / ours[0]:.1f} |"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -180,12 +201,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline", type=Path, help="another checkout of this repository to time as well")
     parser.add_argument("--baseline-max", type=int, default=8192, help="longest input for --baseline (an engine "
                         "with quadratic attention capped inputs at 8192 tokens)")
+    parser.add_argument("--llama-max", type=int, default=8192, help="longest input for llama-server (its peak RSS "
+                        "grew by about 1.2 MiB a token here: 19.5 GiB at 16384 tokens, killed for memory at 32767 "
+                        "on a 23 GiB machine)")
     parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--max-tokens", type=int, default=CTX, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         return worker(args.worker, args.max_tokens)
     lengths = [int(n) for n in args.lengths.split(",")]
+    errors: list[str] = []
     contestants = {"ours": Ours(REPO, max(lengths))}
     print(f"ours: loaded in {contestants['ours'].startup_s:.1f} s (per-input limit "
           f"{contestants['ours'].info.max_input_tokens}, widths warmed {contestants['ours'].info.widths})", flush=True)
@@ -206,15 +231,25 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for n in lengths:
             repeat = args.repeat or (3 if n <= 4096 else 2 if n <= 8192 else 1)
-            running = {name: call for name, call in contestants.items()
-                       if name != "baseline" or n <= args.baseline_max}
-            row = measure(running, {name: pids[name] for name in running}, tokens(n), repeat, warm=n <= 8192)
-            ours, theirs = row["ours"], row["llama-server"]
-            line = f"| {n} | {ours[0] * 1000:.0f} | {theirs[0] * 1000:.0f} | {ours[0] / theirs[0]:.1f} |"
+            limits = {"baseline": args.baseline_max, "llama-server": args.llama_max}
+            running = {name: call for name, call in contestants.items() if n <= limits.get(name, n)}
+            row = measure(running, {name: pids[name] for name in running}, n, repeat, warm=n <= 8192)
+            ours = row["ours"]
+            theirs = row.get("llama-server")
+            if theirs is None:
+                line = f"| {n} | {ours[0] * 1000:.0f} | - | - |"
+            elif isinstance(theirs, str):
+                line = f"| {n} | {ours[0] * 1000:.0f} | failed | - |"
+                errors.append(f"llama-server at {n} tokens: {theirs}")
+            else:
+                line = f"| {n} | {ours[0] * 1000:.0f} | {theirs[0] * 1000:.0f} | {ours[0] / theirs[0]:.1f} |"
             if args.baseline:
-                line += (f" {row['baseline'][0] * 1000:.0f} | {row['baseline'][0] / ours[0]:.1f} |" if "baseline" in row
-                         else " - | - |")
-            print(f"{line} {ours[1]:.0f} | {theirs[1]:.0f} | {cosine(ours[2], theirs[2]):.6f} |", flush=True)
+                line += baseline_cells(row["baseline"], ours) if "baseline" in row else " - | - |"
+            agree = f"{cosine(ours[2], theirs[2]):.6f}" if isinstance(theirs, tuple) else "-"
+            rss = f"{theirs[1]:.0f}" if isinstance(theirs, tuple) else "-"
+            print(f"{line} {ours[1]:.0f} | {rss} | {agree} |", flush=True)
+        for error in errors:
+            print(error)
     finally:
         for contestant in contestants.values():
             contestant.close()
