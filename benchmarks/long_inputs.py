@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
                 line = f"| {n} | {ours[0] * 1000:.0f} | failed | - |"
                 errors.append(f"llama-server at {n} tokens: {theirs}")
             else:
-                line = f"| {n} | {ours[0] * 1000:.0f} | {theirs[0] * 1000:.0f} | {ours[0] / theirs[0]:.1f} |"
+                line = f"| {n} | {ours[0] * 1000:.0f} | {theirs[0] * 1000:.0f} | {ours[0] / theirs[0]:.3g} |"
             if args.baseline:
                 line += baseline_cells(row["baseline"], ours) if "baseline" in row else " - | - |"
             agree = f"{cosine(ours[2], theirs[2]):.6f}" if isinstance(theirs, tuple) else "-"
