@@ -83,9 +83,11 @@ def softmax(scores: mx.array) -> mx.array:
     return weights * (1.0 / mx.sum(weights, axis=-1, keepdims=True))
 
 
-def attention(q: mx.array, k: mx.array, v: mx.array, mask: mx.array, scale: float | None = None) -> mx.array:
+def attention(q: mx.array, k: mx.array, v: mx.array, mask: mx.array, scale: float | None = None,
+              bias: mx.array | None = None) -> mx.array:
     """q as [B, H, L, Dh], k and v as [B, Hkv, L, Dh] (Hkv divides H: grouped-query attention), boolean mask
-    [B, 1, L or 1, L] (True = attend); returns [B, L, H * Dh]. scale defaults to 1/sqrt(Dh).
+    [B, 1, L or 1, L] (True = attend); returns [B, L, H * Dh]. scale defaults to 1/sqrt(Dh). bias: added to the
+    scaled scores, [1 or B, H, L, L] (relative position biases: MPNet, T5; not with grouped heads).
 
     Written out rather than mx.fast.scaled_dot_product_attention, which is not fused on CPU either and
     measured slower here than matmul + this softmax + matmul. A row with every key masked averages all
@@ -97,8 +99,26 @@ def attention(q: mx.array, k: mx.array, v: mx.array, mask: mx.array, scale: floa
         q = q.reshape(b, k.shape[1], groups, length, dh)
         k, v, mask = k[:, :, None], v[:, :, None], mask[:, :, None]
     scores = (q * (scale if scale is not None else 1.0 / math.sqrt(dh))) @ k.swapaxes(-1, -2)
+    if bias is not None:
+        scores = scores + bias
     out = (softmax(mx.where(mask, scores, -1e30)) @ v).reshape(b, h, length, dh)
     return out.transpose(0, 2, 1, 3).reshape(b, length, h * dh)
+
+
+def relative_position_buckets(length: int, num_buckets: int, max_distance: int) -> np.ndarray:
+    """T5's bidirectional bucket of every (query, key) pair of a length-L input, [L, L] int32: half the buckets
+    for keys after the query, exact offsets below num_buckets // 4, then log-spaced up to max_distance, then the
+    last bucket (MPNet computes the same). The logarithm is taken in float32 as transformers takes it, so an
+    offset on a bucket edge falls on the same side."""
+    offsets = np.arange(-(length - 1), length)  # k - q
+    half = num_buckets // 2
+    exact = half // 2
+    distance = np.abs(offsets)
+    scaled = np.log(np.maximum(distance, 1).astype(np.float32) / exact) / np.float32(math.log(max_distance / exact))
+    large = np.minimum(exact + (scaled * (half - exact)).astype(np.int64), half - 1)
+    table = (offsets > 0) * half + np.where(distance < exact, distance, large)
+    rel = np.arange(length)[None, :] - np.arange(length)[:, None] + (length - 1)
+    return table[rel].astype(np.int32)
 
 
 def split_heads(x: mx.array, n_heads: int) -> mx.array:

@@ -138,3 +138,43 @@ def byte_level_bpe(corpus: list[str], specials: list[str], vocab_size: int):
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(corpus, trainer)
     return tok
+
+
+# Varied inputs for the encoder families: one word, punctuation, accents / CJK / emoji, code, the empty text, and
+# one of about 150 tokens (past the 128-token reach of MPNet's and T5's relative position buckets).
+ENCODER_TEXTS = [
+    "hello",
+    "The quick brown fox jumps over the lazy dog.",
+    "Café, naïve, 東京, Москва, 🙂 and 42 numbers!",
+    "def f(x):\n    return x ** 2  # square",
+    " ".join(f"Sentence {i} talks about planets, orbits and the reddish dust of Mars." for i in range(10)),
+    "",
+]
+
+
+def save_sentence_transformer(backbone: Path, out: Path, *, pooling: str = "mean",
+                              dense: tuple[tuple[int, int], ...] = (), normalize: bool = True,
+                              prompts: dict[str, str] | None = None, seed: int = 11) -> Path:
+    """A transformers folder -> the sentence-transformers folder layout: Transformer, Pooling, bias-free Identity
+    Dense modules (in, out) with random weights, Normalize; `prompts` in config_sentence_transformers.json."""
+    t = torch()
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Dense, Normalize, Pooling, Transformer
+
+    t.manual_seed(seed)
+    first = Transformer(str(backbone))
+    modules = [first, Pooling(first.get_embedding_dimension(), pooling)]
+    modules += [Dense(d_in, d_out, bias=False, activation_function=t.nn.Identity()) for d_in, d_out in dense]
+    modules += [Normalize()] if normalize else []
+    SentenceTransformer(modules=modules, device="cpu", prompts=prompts).save(str(out))
+    return out
+
+
+def family_hidden(family, folder: Path, ids: list[int]) -> np.ndarray:
+    """A family's Model built from `folder`'s config.json and weights, run on one unpadded input -> [n, D]."""
+    import mlx.core as mx
+
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    model = family.Model(family.ModelArgs.from_dict(config))
+    model.load_weights(list(model.sanitize(mx.load(str(folder / "model.safetensors"))).items()))
+    return np.array(model(mx.array([ids]), mx.ones((1, len(ids)), dtype=mx.int32))[0])
