@@ -34,6 +34,7 @@ EMBEDDERS = {
     "xlm_roberta": {"", "XLMRobertaModel", "XLMRobertaForMaskedLM"},
     "modernbert": {"", "ModernBertModel", "ModernBertForMaskedLM"},
     "mpnet": {"", "MPNetModel", "MPNetForMaskedLM"},  # all-mpnet-base-v2 ships MPNetForMaskedLM's trunk keys
+    "distilbert": {"", "DistilBertModel", "DistilBertForMaskedLM"},  # the MLM head is never loaded
     # decoder backbones: hidden states after the final norm, the LM head never applied
     "llama": {"", "LlamaModel", "LlamaForCausalLM", "LlamaBidirectionalModel", "MistralModel", "MistralForCausalLM"},
     "qwen2": {"", "Qwen2Model", "Qwen2ForCausalLM"},
@@ -67,7 +68,8 @@ GENERATIVE_RERANKERS = {
 
 # Without 1_Pooling/config.json: what sentence-transformers itself would do with a bare encoder.
 FAMILY_DEFAULT_POOLING = {"bert": Pooling.MEAN, "xlm_roberta": Pooling.MEAN, "modernbert": Pooling.MEAN,
-                          "nomic_bert": Pooling.MEAN, "gte": Pooling.MEAN, "mpnet": Pooling.MEAN}
+                          "nomic_bert": Pooling.MEAN, "gte": Pooling.MEAN, "mpnet": Pooling.MEAN,
+                          "distilbert": Pooling.MEAN}
 FAMILY_DEFAULT_POOLING["siglip"] = Pooling.LAST  # reported only: the towers pool at their own last position
 FAMILY_DEFAULT_POOLING["idefics3"] = FAMILY_DEFAULT_POOLING["colqwen2"] = Pooling.NONE  # multi-vector: per token
 FAMILY_DEFAULT_POOLING["qwen3_vl"] = Pooling.LAST  # every input ends in the assistant header it is read at

@@ -153,10 +153,11 @@ ENCODER_TEXTS = [
 
 
 def save_sentence_transformer(backbone: Path, out: Path, *, pooling: str = "mean",
-                              dense: tuple[tuple[int, int], ...] = (), normalize: bool = True,
-                              prompts: dict[str, str] | None = None, seed: int = 11) -> Path:
-    """A transformers folder -> the sentence-transformers folder layout: Transformer, Pooling, bias-free Identity
-    Dense modules (in, out) with random weights, Normalize; `prompts` in config_sentence_transformers.json."""
+                              dense: tuple[tuple[int, int] | tuple[int, int, bool, bool], ...] = (),
+                              normalize: bool = True, prompts: dict[str, str] | None = None, seed: int = 11) -> Path:
+    """A transformers folder -> the sentence-transformers folder layout: Transformer, Pooling, Dense modules with
+    random weights ((in, out): bias-free, Identity; (in, out, bias, tanh) otherwise), Normalize; `prompts` in
+    config_sentence_transformers.json."""
     t = torch()
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import Dense, Normalize, Pooling, Transformer
@@ -164,7 +165,8 @@ def save_sentence_transformer(backbone: Path, out: Path, *, pooling: str = "mean
     t.manual_seed(seed)
     first = Transformer(str(backbone))
     modules = [first, Pooling(first.get_embedding_dimension(), pooling)]
-    modules += [Dense(d_in, d_out, bias=False, activation_function=t.nn.Identity()) for d_in, d_out in dense]
+    for d_in, d_out, bias, tanh in ((*spec, False, False)[:4] for spec in dense):
+        modules.append(Dense(d_in, d_out, bias=bias, activation_function=t.nn.Tanh() if tanh else t.nn.Identity()))
     modules += [Normalize()] if normalize else []
     SentenceTransformer(modules=modules, device="cpu", prompts=prompts).save(str(out))
     return out
