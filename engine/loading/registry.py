@@ -35,6 +35,9 @@ EMBEDDERS = {
     "modernbert": {"", "ModernBertModel", "ModernBertForMaskedLM"},
     "mpnet": {"", "MPNetModel", "MPNetForMaskedLM"},  # all-mpnet-base-v2 ships MPNetForMaskedLM's trunk keys
     "distilbert": {"", "DistilBertModel", "DistilBertForMaskedLM"},  # the MLM head is never loaded
+    # XLM-RoBERTa's file under their own names (engine/families/roberta.py, camembert.py)
+    "roberta": {"", "RobertaModel", "RobertaForMaskedLM"},
+    "camembert": {"", "CamembertModel", "CamembertForMaskedLM"},
     # decoder backbones: hidden states after the final norm, the LM head never applied
     "llama": {"", "LlamaModel", "LlamaForCausalLM", "LlamaBidirectionalModel", "MistralModel", "MistralForCausalLM"},
     "qwen2": {"", "Qwen2Model", "Qwen2ForCausalLM"},
@@ -56,6 +59,8 @@ EMBEDDERS = {
 CROSS_ENCODERS = {
     "bert": "BertForSequenceClassification",
     "xlm_roberta": "XLMRobertaForSequenceClassification",
+    "roberta": "RobertaForSequenceClassification",
+    "camembert": "CamembertForSequenceClassification",
     "modernbert": "ModernBertForSequenceClassification",
     "gte": "NewForSequenceClassification",  # gte-multilingual-reranker-base
 }
@@ -69,7 +74,7 @@ GENERATIVE_RERANKERS = {
 # Without 1_Pooling/config.json: what sentence-transformers itself would do with a bare encoder.
 FAMILY_DEFAULT_POOLING = {"bert": Pooling.MEAN, "xlm_roberta": Pooling.MEAN, "modernbert": Pooling.MEAN,
                           "nomic_bert": Pooling.MEAN, "gte": Pooling.MEAN, "mpnet": Pooling.MEAN,
-                          "distilbert": Pooling.MEAN}
+                          "distilbert": Pooling.MEAN, "roberta": Pooling.MEAN, "camembert": Pooling.MEAN}
 FAMILY_DEFAULT_POOLING["siglip"] = Pooling.LAST  # reported only: the towers pool at their own last position
 FAMILY_DEFAULT_POOLING["idefics3"] = FAMILY_DEFAULT_POOLING["colqwen2"] = Pooling.NONE  # multi-vector: per token
 FAMILY_DEFAULT_POOLING["qwen3_vl"] = Pooling.LAST  # every input ends in the assistant header it is read at

@@ -180,3 +180,23 @@ def family_hidden(family, folder: Path, ids: list[int]) -> np.ndarray:
     model = family.Model(family.ModelArgs.from_dict(config))
     model.load_weights(list(model.sanitize(mx.load(str(folder / "model.safetensors"))).items()))
     return np.array(model(mx.array([ids]), mx.ones((1, len(ids)), dtype=mx.int32))[0])
+
+
+def sentencepiece_unigram(corpus: list[str], specials: list[str], vocab_size: int, unk: str = "<unk>",
+                          template: tuple[str, str] | None = None):
+    """A `tokenizers` SentencePiece-style Unigram (T5 / CamemBERT / XLM-R style: whitespace split, Metaspace "▁"
+    always prepended) trained on `corpus`, `specials` first (ids 0, 1, ...). template: the (single, pair)
+    TemplateProcessing strings over those specials."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.Unigram())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")])
+    tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
+    tok.train_from_iterator(corpus, trainers.UnigramTrainer(vocab_size=vocab_size, special_tokens=specials,
+                                                            unk_token=unk))
+    if template is not None:
+        used = {t for part in template for t in part.split() if t in specials}
+        tok.post_processor = processors.TemplateProcessing(
+            single=template[0], pair=template[1], special_tokens=[(t, tok.token_to_id(t)) for t in sorted(used)])
+    return tok
