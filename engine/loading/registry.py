@@ -38,6 +38,8 @@ EMBEDDERS = {
     # XLM-RoBERTa's file under their own names (engine/families/roberta.py, camembert.py)
     "roberta": {"", "RobertaModel", "RobertaForMaskedLM"},
     "camembert": {"", "CamembertModel", "CamembertForMaskedLM"},
+    # sentence-t5 / gtr-t5 ship T5EncoderModel; sentence-transformers reads any T5 checkpoint's encoder alone
+    "t5": {"", "T5EncoderModel", "T5Model", "T5ForConditionalGeneration"},
     # decoder backbones: hidden states after the final norm, the LM head never applied
     "llama": {"", "LlamaModel", "LlamaForCausalLM", "LlamaBidirectionalModel", "MistralModel", "MistralForCausalLM"},
     "qwen2": {"", "Qwen2Model", "Qwen2ForCausalLM"},
@@ -74,7 +76,8 @@ GENERATIVE_RERANKERS = {
 # Without 1_Pooling/config.json: what sentence-transformers itself would do with a bare encoder.
 FAMILY_DEFAULT_POOLING = {"bert": Pooling.MEAN, "xlm_roberta": Pooling.MEAN, "modernbert": Pooling.MEAN,
                           "nomic_bert": Pooling.MEAN, "gte": Pooling.MEAN, "mpnet": Pooling.MEAN,
-                          "distilbert": Pooling.MEAN, "roberta": Pooling.MEAN, "camembert": Pooling.MEAN}
+                          "distilbert": Pooling.MEAN, "roberta": Pooling.MEAN, "camembert": Pooling.MEAN,
+                          "t5": Pooling.MEAN}
 FAMILY_DEFAULT_POOLING["siglip"] = Pooling.LAST  # reported only: the towers pool at their own last position
 FAMILY_DEFAULT_POOLING["idefics3"] = FAMILY_DEFAULT_POOLING["colqwen2"] = Pooling.NONE  # multi-vector: per token
 FAMILY_DEFAULT_POOLING["qwen3_vl"] = Pooling.LAST  # every input ends in the assistant header it is read at

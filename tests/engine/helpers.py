@@ -200,3 +200,20 @@ def sentencepiece_unigram(corpus: list[str], specials: list[str], vocab_size: in
         tok.post_processor = processors.TemplateProcessing(
             single=template[0], pair=template[1], special_tokens=[(t, tok.token_to_id(t)) for t in sorted(used)])
     return tok
+
+
+def train_spiece(folder: Path, texts: list[str], vocab_size: int) -> Path:
+    """folder/spiece.model: a SentencePiece unigram trained on `texts` with T5's / SigLIP's specials (<pad> 0,
+    </s> 1, <unk> 2, no <s>); the vocabulary may stay below vocab_size on a small corpus."""
+    import sentencepiece
+
+    folder.mkdir(parents=True, exist_ok=True)
+    corpus = folder / "corpus.txt"
+    corpus.write_text("\n".join(texts), encoding="utf-8")
+    sentencepiece.SentencePieceTrainer.train(
+        input=str(corpus), model_prefix=str(folder / "spiece"), vocab_size=vocab_size, hard_vocab_limit=False,
+        model_type="unigram", pad_id=0, eos_id=1, unk_id=2, bos_id=-1, pad_piece="<pad>", eos_piece="</s>",
+        unk_piece="<unk>", minloglevel=2)
+    corpus.unlink()
+    (folder / "spiece.vocab").unlink()
+    return folder / "spiece.model"

@@ -36,6 +36,14 @@ def folder(root: Path, config: dict, files: dict | None = None) -> checkpoint.Ch
     ("gte", "GteForSequenceClassification", registry.CROSS_ENCODER),
     ("nomic_bert", "NomicBertModel", registry.EMBEDDER),
     ("modernbert", "ModernBertForMaskedLM", registry.EMBEDDER),
+    ("mpnet", "MPNetForMaskedLM", registry.EMBEDDER),  # all-mpnet-base-v2
+    ("distilbert", "DistilBertModel", registry.EMBEDDER),
+    ("distilbert", "DistilBertForMaskedLM", registry.EMBEDDER),
+    ("roberta", "RobertaForMaskedLM", registry.EMBEDDER),  # all-distilroberta-v1
+    ("roberta", "RobertaForSequenceClassification", registry.CROSS_ENCODER),
+    ("camembert", "CamembertModel", registry.EMBEDDER),
+    ("camembert", "CamembertForSequenceClassification", registry.CROSS_ENCODER),
+    ("t5", "T5EncoderModel", registry.EMBEDDER),  # sentence-t5, gtr-t5
 ])
 @pytest.mark.parametrize("rank", [False, True])
 def test_encoders_are_what_their_architecture_says_in_either_mode(tmp_path, model_type, arch, kind, rank):
@@ -71,11 +79,11 @@ def test_a_sentence_transformers_export_of_a_causal_lm_is_an_embedder(tmp_path, 
 
 
 def test_unknown_model_type_lists_the_supported_ones(tmp_path):
-    ckpt = folder(tmp_path, {"model_type": "t5", "architectures": ["T5EncoderModel"]}, ST_MODULES)
+    ckpt = folder(tmp_path, {"model_type": "xlnet", "architectures": ["XLNetModel"]}, ST_MODULES)
     with pytest.raises(UnsupportedCheckpoint) as err:
         registry.kind_of(ckpt)
     message = str(err.value)
-    assert "model_type 't5' (T5EncoderModel) is not supported" in message
+    assert "model_type 'xlnet' (XLNetModel) is not supported" in message
     for family in ("bert", "gte", "modernbert", "nomic_bert", "qwen3", "xlm_roberta"):
         assert family in message
 
