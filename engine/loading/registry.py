@@ -117,11 +117,45 @@ def family_name(checkpoint: Checkpoint) -> str:
 
 
 def kind_of(checkpoint: Checkpoint, rank: bool = False) -> str:
-    """Whether a checkpoint is an embedder or a reranker; anything else is refused by name.
+    """Whether a checkpoint is an embedder or a reranker; anything else is refused by name, and so is one whose
+    config.json has transformers run custom code (auto_map) of a class no family here implements.
 
     rank: the server was started in rank mode (--reranking), which makes a causal LM that has a yes/no recipe
     a generative reranker; otherwise it is an embedder like any decoder backbone.
     """
+    kind = _kind_of(checkpoint, rank)
+    _refuse_custom_code(checkpoint, kind)
+    return kind
+
+
+# The auto_map entry transformers (trust_remote_code) would build each kind from, as sentence-transformers loads it.
+AUTO_CLASSES = {EMBEDDER: "AutoModel", CROSS_ENCODER: "AutoModelForSequenceClassification",
+                GENERATIVE_RERANKER: "AutoModelForCausalLM"}
+
+
+def _refuse_custom_code(checkpoint: Checkpoint, kind: str) -> None:
+    """A checkpoint whose own modeling code (config.json's auto_map) would replace transformers' is served only
+    when that class is one a family here implements (nomic-embed's NomicBertModel, gte's NewModel): another
+    class under a supported model_type (jina-embeddings-v2's JinaBertModel on "bert") computes something else."""
+    auto_map = checkpoint.config.get("auto_map")
+    if checkpoint.gguf is not None or not isinstance(auto_map, dict):
+        return
+    ref = auto_map.get(AUTO_CLASSES[kind])
+    if isinstance(ref, (list, tuple)):  # ["slow", "fast"], as tokenizer entries are written
+        ref = next((r for r in ref if r), None)
+    if not isinstance(ref, str):
+        return
+    cls = ref.rsplit(".", 1)[-1]
+    name = family_name(checkpoint)
+    implemented = EMBEDDERS.get(name, set()) | {CROSS_ENCODERS.get(name, ""), GENERATIVE_RERANKERS.get(name, "")}
+    if ARCHITECTURE_ALIASES.get(cls, cls) not in implemented - {""}:
+        raise UnsupportedCheckpoint(
+            f"{checkpoint.path}: config.json's auto_map has {AUTO_CLASSES[kind]} run the checkpoint's own code "
+            f"({ref}); its class {cls} is not implemented here (model_type {checkpoint.model_type!r} is served as: "
+            f"{', '.join(sorted(implemented - {''}))})")
+
+
+def _kind_of(checkpoint: Checkpoint, rank: bool) -> str:
     if checkpoint.gguf is not None:
         from engine.loading.gguf.load import is_reranker
 

@@ -94,3 +94,52 @@ def test_unknown_architecture_of_a_known_family_lists_its_architectures(tmp_path
         registry.kind_of(ckpt)
     assert "architecture 'NewForQuestionAnswering' of model_type 'new' is not supported" in str(err.value)
     assert "NewForSequenceClassification" in str(err.value) and "NewModel" in str(err.value)
+
+
+# -- custom code (config.json's auto_map) and adapters ----------------------------------------------------------
+NOMIC_AUTO_MAP = {"AutoConfig": "nomic-ai/nomic-bert-2048--configuration_hf_nomic_bert.NomicBertConfig",
+                  "AutoModel": "nomic-ai/nomic-bert-2048--modeling_hf_nomic_bert.NomicBertModel",
+                  "AutoModelForSequenceClassification":
+                      "nomic-ai/nomic-bert-2048--modeling_hf_nomic_bert.NomicBertForSequenceClassification"}
+
+
+@pytest.mark.parametrize("model_type,arch,auto_map,rank", [
+    ("nomic_bert", "NomicBertModel", NOMIC_AUTO_MAP, False),  # nomic-embed-text: the class the family implements
+    ("new", "NewModel", {"AutoModel": "Alibaba-NLP/new-impl--modeling.NewModel"}, False),
+    ("new", "NewForSequenceClassification",
+     {"AutoModelForSequenceClassification": "Alibaba-NLP/new-impl--modeling.NewForSequenceClassification"}, True),
+    ("llama", "LlamaBidirectionalModel", {"AutoModel": "llama_bidirectional_model.LlamaBidirectionalModel"}, False),
+    ("bert", "BertModel", {"AutoTokenizer": ["tokenization_x.XTokenizer", None]}, False),  # no model class named
+])
+def test_custom_code_of_a_class_a_family_implements_is_served(tmp_path, model_type, arch, auto_map, rank):
+    ckpt = folder(tmp_path, {"model_type": model_type, "architectures": [arch], "auto_map": auto_map})
+    assert registry.kind_of(ckpt, rank=rank) in (registry.EMBEDDER, registry.CROSS_ENCODER)
+
+
+@pytest.mark.parametrize("model_type,arch,auto_map,kind_key,cls", [
+    # a fine-tune saved as BertModel over jina-embeddings-v2's own code (ALiBi, GLU feed-forward)
+    ("bert", "BertModel", {"AutoModel": "jinaai/jina-bert-implementation--modeling_bert.JinaBertModel"},
+     "AutoModel", "JinaBertModel"),
+    ("xlm-roberta", "XLMRobertaForSequenceClassification",
+     {"AutoModelForSequenceClassification": ["modeling_custom.CustomRerankerForSequenceClassification", None]},
+     "AutoModelForSequenceClassification", "CustomRerankerForSequenceClassification"),
+])
+def test_custom_code_of_an_unknown_class_is_refused_by_name(tmp_path, model_type, arch, auto_map, kind_key, cls):
+    ckpt = folder(tmp_path, {"model_type": model_type, "architectures": [arch], "auto_map": auto_map})
+    with pytest.raises(UnsupportedCheckpoint) as err:
+        registry.kind_of(ckpt, rank=kind_key != "AutoModel")
+    message = str(err.value)
+    assert f"auto_map has {kind_key} run the checkpoint's own code" in message
+    assert f"its class {cls} is not implemented here" in message
+    assert arch in message  # what the model type is served as
+
+
+def test_an_adapter_folder_is_refused_with_the_merge_instruction(tmp_path):
+    (tmp_path / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA"}), encoding="utf-8")
+    (tmp_path / "adapter_model.safetensors").write_bytes(b"")
+    for reader in (lambda: checkpoint.resolve(str(tmp_path), None, True),  # no config.json (LLM2Vec, colSmol)
+                   lambda: folder(tmp_path, {"model_type": "bert"}).weight_files()):  # beside a base config.json
+        with pytest.raises(UnsupportedCheckpoint) as err:
+            reader()
+        assert "a PEFT adapter" in str(err.value)
+        assert "merge it into its base model (peft's merge_and_unload) and save the result first" in str(err.value)
