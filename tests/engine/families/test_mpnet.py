@@ -250,13 +250,13 @@ def test_all_mpnet_base_v2_matches_sentence_transformers():
     from sentence_transformers import SentenceTransformer
 
     st = SentenceTransformer(str(folder), device="cpu")
-    texts = ["hello", "東京は日本の首都です。 Москва — столица России. 🙂", TEXTS[4] * 2]
+    texts = ["hello", "東京は日本の首都です。 Москва — столица России. 🙂", TEXTS[4]]
     expected = st.encode(texts, convert_to_numpy=True)
     eng = start_engine(folder)
     try:
         assert (eng.info.family, eng.info.n_embd, eng.info.pooling) == ("mpnet", 768, Pooling.MEAN)
         ids = [st.tokenizer(t).input_ids for t in texts]
-        assert [eng.encode_prompt([t]) for t in texts] == ids and len(ids[-1]) > 250
+        assert [eng.encode_prompt([t]) for t in texts] == ids and len(ids[-1]) > 130
         ours = eng.embed(ids).vectors
     finally:
         eng.close()
