@@ -1,4 +1,4 @@
-"""Print the README's option tables from the one option declaration (compat/settings.py).
+"""Print the README's option tables from the one option declaration (compat/settings/).
 
     .venv/bin/python scripts/readme_options.py              # paste between the README's options markers
     .venv/bin/python scripts/readme_options.py --commands   # mlx-embed / mlx-rerank, between the commands markers

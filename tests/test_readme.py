@@ -1,4 +1,4 @@
-"""The README documents every option exactly as compat/settings.py declares it, and CI runs its test command."""
+"""The README documents every option exactly as compat/settings/ declares it, and CI runs its test command."""
 from __future__ import annotations
 
 import re
