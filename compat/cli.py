@@ -6,7 +6,7 @@ import logging
 import os
 import sys
 
-from compat.models import read_catalog
+from compat.catalog import read_catalog
 from compat.settings import (
     EmbedCommand,
     HelpRequested,

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 
 from typing import Any, Protocol
 
+from compat.catalog import EMBEDDING, RERANK, Catalog, Kind, ModelSpec, read_catalog
 from compat.errors import bad_request, not_supported
-from compat.models import EMBEDDING, RERANK, Catalog, Kind, ModelSpec, read_catalog
 from compat.settings import Settings, SettingsError
 from compat.wire.info import render_models_response, render_props_response
-from compat.wire.models import render_router_models_response, render_router_props_response
+from compat.wire.router import render_router_models_response, render_router_props_response
 from engine import Engine, Residency
 from engine.errors import NotLoaded, ReplyTimeout
 from engine.types import EmbedResult, ModelState, Pooling, RerankResult, ResidencyStatus, Timings

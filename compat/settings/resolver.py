@@ -196,7 +196,7 @@ class Resolver:
             if section not in GLOBAL_SECTIONS:
                 continue
             for entry in entries:
-                if entry.key == "version" or entry.key in PRESET_ONLY_KEYS:  # llama's; models.py reads them
+                if entry.key == "version" or entry.key in PRESET_ONLY_KEYS:  # llama's; catalog.py reads them
                     continue
                 found = _ini_option(entry.key)
                 if found is None:

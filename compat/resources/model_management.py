@@ -12,7 +12,7 @@ from compat.errors import bad_request, not_supported
 from compat.routing import Models
 from compat.settings import SettingsError
 from compat.wire.inputs import parse_json_object
-from compat.wire.models import parse_model_request
+from compat.wire.router import parse_model_request
 
 if TYPE_CHECKING:
     from compat.settings import Settings
