@@ -31,7 +31,7 @@ from compat.openapi import OpenApiResource, openapi_document
 from compat.resources.embeddings import EmbeddingsResource
 from compat.resources.info import HealthResource, MetricsResource, SlotsResource
 from compat.resources.maxsim import MaxSimResource
-from compat.resources.models import ModelActionResource, ModelsResource, PropsResource
+from compat.resources.model_management import ModelActionResource, ModelsResource, PropsResource
 from compat.resources.rerank import RerankResource
 from compat.resources.tokenize import DetokenizeResource, TokenizeResource
 from compat.resources.unsupported import UnsupportedRouteResource, not_served_message
