@@ -1,4 +1,4 @@
-"""Every command-line option, declared once, and llama-server's way of resolving them (contract §7.1).
+"""Every command-line option, declared once, and llama-server's way of resolving them (docs/llama-server-contract.md §7.1).
 
     declaration.py     how an option is declared (option(), the Option record, converters, spelling indexes)
     server_options.py  the server's option table: the Settings fields, and llama's options ignored here

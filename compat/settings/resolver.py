@@ -1,6 +1,6 @@
 """The layered resolver: the server's options from, low to high, the defaults, the system config files
 (/etc/llama.cpp/config.ini, then the user's), `--config FILE`, the LLAMA_ARG_* environment and the command
-line, as llama-server resolves them (contract §7.1); pydantic validates the result.
+line, as llama-server resolves them (docs/llama-server-contract.md §7.1); pydantic validates the result.
 
 Besides compat/cli.py (which hands over sys.argv and os.environ), this is the only code that reads the command
 line or the environment: every other module gets a Settings.

@@ -1,4 +1,4 @@
-"""/health, /props, /models and /slots bodies (contract §6), keys in llama-server's order; router mode's own /models
+"""/health, /props, /models and /slots bodies (docs/llama-server-contract.md §6), keys in llama-server's order; router mode's own /models
 and /props are compat/wire/router.py's. Pure: no falcon."""
 from __future__ import annotations
 

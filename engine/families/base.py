@@ -113,7 +113,7 @@ def gelu_tanh(x: mx.array) -> mx.array:
 
 # erf(x) as a ratio of odd/even polynomials on [-4, 4] (the rational form Eigen and XLA use for float32).
 # MLX's erf and exp are scalar loops on a Linux CPU; pure arithmetic fused by mx.compile runs ~7x faster
-# (shared/reference/mlx-on-linux.md). Max error against the exact erf GELU: about 1e-6 (tests/engine).
+# (docs/mlx-on-linux.md). Max error against the exact erf GELU: about 1e-6 (tests/engine).
 _ERF_P = (-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06, -5.69250639462346e-05,
           -7.34990630326855e-04, -2.95459980854025e-03, -1.60960333262415e-02)
 _ERF_Q = (-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03, -7.37332916720468e-03,

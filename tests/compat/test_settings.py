@@ -1,4 +1,4 @@
-"""Option resolution as llama-server does it (contract §7.1, §7.2, §7.4)."""
+"""Option resolution as llama-server does it (docs/llama-server-contract.md §7.1, §7.2, §7.4)."""
 import logging
 from pathlib import Path
 
