@@ -400,53 +400,49 @@ def llama_argv(binary: str, gguf: str, port: int, rerank: bool, extra: str) -> l
 # ---------------------------------------------------------------------------------------------------------------
 # HTTP clients
 # ---------------------------------------------------------------------------------------------------------------
-def http_embed_client(base: str, pool: Sequence[str], batch: int) -> Callable[[], Call]:
-    """One requests.Session per client thread; bodies are built before the clock starts on each request."""
+def http_json_client(url: str, body: Callable[[int], dict], answers: str, per_request: int, noun: str,
+                     of: str) -> Callable[[], Call]:
+    """Request i POSTs `body(i)` as JSON (serialised with orjson inside the timed call), one requests.Session per
+    client thread; the answer must hold `per_request` entries under `answers`. Returns (per_request, the answer's
+    usage.prompt_tokens)."""
     import orjson
     import requests
-
-    url = base + "/v1/embeddings"
 
     def make() -> Call:
         session = requests.Session()
 
         def call(i: int) -> tuple[int, int]:
-            texts = request_texts(pool, batch, i)
-            body = orjson.dumps({"input": texts[0] if batch == 1 else texts, "model": "bench"})
-            resp = session.post(url, data=body, headers={"Content-Type": "application/json"}, timeout=600)
+            data = orjson.dumps(body(i))
+            resp = session.post(url, data=data, headers={"Content-Type": "application/json"}, timeout=600)
             resp.raise_for_status()
             reply = orjson.loads(resp.content)
-            if len(reply["data"]) != batch:
-                raise RuntimeError(f"{len(reply['data'])} vectors for {batch} texts")
-            return batch, int(reply["usage"]["prompt_tokens"])
+            if len(reply[answers]) != per_request:
+                raise RuntimeError(f"{len(reply[answers])} {noun} for {per_request} {of}")
+            return per_request, int(reply["usage"]["prompt_tokens"])
 
         return call
 
     return make
+
+
+def http_embed_client(base: str, pool: Sequence[str], batch: int) -> Callable[[], Call]:
+    """/v1/embeddings: request i embeds the next `batch` texts of the pool (a single text as a string)."""
+
+    def body(i: int) -> dict:
+        texts = request_texts(pool, batch, i)
+        return {"input": texts[0] if batch == 1 else texts, "model": "bench"}
+
+    return http_json_client(base + "/v1/embeddings", body, "data", batch, "vectors", "texts")
 
 
 def http_rerank_client(base: str, queries: Sequence[str], docs: Sequence[str]) -> Callable[[], Call]:
-    import orjson
-    import requests
+    """/v1/rerank: request i ranks the next RERANK_DOCS documents against query i (cycling through both)."""
 
-    url = base + "/v1/rerank"
+    def body(i: int) -> dict:
+        return {"query": queries[i % len(queries)], "documents": request_texts(docs, RERANK_DOCS, i),
+                "top_n": RERANK_DOCS, "model": "bench"}
 
-    def make() -> Call:
-        session = requests.Session()
-
-        def call(i: int) -> tuple[int, int]:
-            body = orjson.dumps({"query": queries[i % len(queries)], "documents": request_texts(docs, RERANK_DOCS, i),
-                                 "top_n": RERANK_DOCS, "model": "bench"})
-            resp = session.post(url, data=body, headers={"Content-Type": "application/json"}, timeout=600)
-            resp.raise_for_status()
-            reply = orjson.loads(resp.content)
-            if len(reply["results"]) != RERANK_DOCS:
-                raise RuntimeError(f"{len(reply['results'])} results for {RERANK_DOCS} documents")
-            return RERANK_DOCS, int(reply["usage"]["prompt_tokens"])
-
-        return call
-
-    return make
+    return http_json_client(base + "/v1/rerank", body, "results", RERANK_DOCS, "results", "documents")
 
 
 def warm_http(make_client: Callable[[], Call], n: int = 2) -> None:
