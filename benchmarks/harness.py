@@ -9,7 +9,8 @@ workloads, report and command line:
 - server processes: `free_port`, `ServerProcess` (a subprocess whose output goes to a log file: start,
   wait for GET /health, stop), `MeasuredServer` (the benchmarks' one: timed to ready, RSS-sampled), and the
   command lines of ours and llama-server (`our_server_argv`, `llama_argv`);
-- HTTP clients for /v1/embeddings and /v1/rerank (`http_embed_client`, `http_rerank_client`, `warm_http`);
+- HTTP clients for /v1/embeddings and /v1/rerank (`http_embed_client`, `http_rerank_client`, both on
+  `http_json_client`; `warm_http`);
 - tables: `Scenario`, `scenario_table`, `print_scenario`, `ratio`, `fmt`, `machine_lines`, `utc_stamp`.
 Every address is 127.0.0.1. Only the standard library and numpy are imported here at load time; requests,
 orjson, psutil and tokenizers are imported where they are used, so a worker process that imports this module
