@@ -358,12 +358,12 @@ class MeasuredServer(ServerProcess):
         started = time.perf_counter()
         self.start()
         outcome = self.poll_ready(ready_timeout - (time.perf_counter() - started))  # the deadline counts from the start
-        if outcome == "exited":
+        if outcome != "ready":  # the log is read before stop() closes it
+            tail = self.log_tail()
             self.stop()
-            raise RuntimeError(f"{name} exited with {self.proc.returncode} while starting; log:\n{self.log_tail()}")
-        if outcome == "timeout":
-            self.stop()
-            raise RuntimeError(f"{name} was not ready within {ready_timeout:g} s; log:\n{self.log_tail()}")
+            why = f"exited with {self.proc.returncode} while starting" if outcome == "exited" else \
+                f"was not ready within {ready_timeout:g} s"
+            raise RuntimeError(f"{name} {why}; log:\n{tail}")
         self.startup_s = time.perf_counter() - started
         self.sampler = RssSampler(self.proc.pid)
 
