@@ -31,7 +31,7 @@ from compat.openapi import OpenApiResource, openapi_document
 from compat.resources.embeddings import EmbeddingsResource
 from compat.resources.info import HealthResource, MetricsResource, SlotsResource
 from compat.resources.maxsim import MaxSimResource
-from compat.resources.models import ModelActionResource, ModelsResource, PropsResource
+from compat.resources.model_management import ModelActionResource, ModelsResource, PropsResource
 from compat.resources.rerank import RerankResource
 from compat.resources.tokenize import DetokenizeResource, TokenizeResource
 from compat.resources.unsupported import UnsupportedRouteResource, not_served_message
@@ -103,7 +103,7 @@ def create_app(settings: Settings, engine: Engine | ModelRouter, lifecycle: Life
         "/detokenize": DetokenizeResource(models),
         **{path: rerank for path in ("/rerank", "/reranking", "/v1/rerank", "/v1/reranking")},
         "/v2/rerank": RerankResource(models, cohere_v2=True),  # Cohere v2 clients
-        # ours: late-interaction scoring for multi-vector models (README: MaxSim)
+        # ours: late-interaction scoring for multi-vector models (docs/routes.md, "Multi-vector output and MaxSim")
         **{path: maxsim for path in ("/maxsim", "/v1/maxsim")},
         # generation routes exist in llama-server; here they say why they are missing instead of 404
         **{path: UnsupportedRouteResource(not_served_message(path))

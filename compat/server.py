@@ -10,9 +10,9 @@ import signal
 import threading
 
 from compat.app import create_app
+from compat.catalog import Catalog
 from compat.lifecycle import Lifecycle
 from compat.listener import GracefulServer, create_listener
-from compat.models import Catalog
 from compat.routing import ModelRouter
 from compat.settings import Settings, SettingsError
 from engine import Engine, Residency, default_model

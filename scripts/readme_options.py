@@ -1,15 +1,19 @@
-"""Print the README's option tables from the one option declaration (compat/settings.py).
+"""Print or refresh the option tables of docs/options.md from the one option declaration (compat/settings/).
 
-    .venv/bin/python scripts/readme_options.py              # paste between the README's options markers
-    .venv/bin/python scripts/readme_options.py --commands   # mlx-embed / mlx-rerank, between the commands markers
-tests/test_readme.py fails when the README's tables and the declaration disagree.
+    .venv/bin/python scripts/readme_options.py              # print the server's table (between the options markers)
+    .venv/bin/python scripts/readme_options.py --commands   # print mlx-embed / mlx-rerank's tables (the commands markers)
+    .venv/bin/python scripts/readme_options.py --write      # rewrite both blocks in docs/options.md in place
+tests/test_readme.py fails when the tables in docs/options.md and the declaration disagree.
 """
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+OPTIONS_PAGE = ROOT / "docs" / "options.md"
+sys.path.insert(0, str(ROOT))
 
 from compat.settings import EmbedCommand, RerankCommand, command_table, option_table  # noqa: E402
 
@@ -55,5 +59,24 @@ def commands_markdown() -> str:
     return "\n".join(lines)
 
 
+def _blocks() -> dict[str, str]:
+    """Each marker name (`<!-- NAME:begin ... -->` ... `<!-- NAME:end -->` in docs/options.md) -> its text."""
+    return {"options": options_markdown(), "commands": commands_markdown()}
+
+
+def write_options_page(path: Path = OPTIONS_PAGE) -> None:
+    """Replace what lies between each pair of markers in docs/options.md, the markers themselves kept."""
+    text = path.read_text(encoding="utf-8")
+    for name, body in _blocks().items():
+        pattern = re.compile(rf"(<!-- {name}:begin[^>]*-->\n)(.*?)(<!-- {name}:end -->)", re.S)
+        if not pattern.search(text):
+            raise SystemExit(f"error: {path} has no {name} markers")
+        text = pattern.sub(lambda m: m.group(1) + body + m.group(3), text, count=1)
+    path.write_text(text, encoding="utf-8")
+
+
 if __name__ == "__main__":
-    sys.stdout.write(commands_markdown() if sys.argv[1:] == ["--commands"] else options_markdown())
+    if sys.argv[1:] == ["--write"]:
+        write_options_page()
+    else:
+        sys.stdout.write(commands_markdown() if sys.argv[1:] == ["--commands"] else options_markdown())

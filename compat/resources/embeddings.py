@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import falcon
 
+from compat.catalog import EMBEDDING
 from compat.errors import bad_request, check_client_batch
 from compat.media import with_images
-from compat.models import EMBEDDING
 from compat.resources.leasing import model_request
 from compat.routing import Models, Served
 from compat.wire.embeddings import parse_embeddings_request, render_embeddings_response

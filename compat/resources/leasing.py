@@ -8,7 +8,7 @@ from typing import Any
 
 import falcon
 
-from compat.models import Kind
+from compat.catalog import Kind
 from compat.routing import Models, Served
 from compat.wire.inputs import lazy_json_object, parse_model_field
 

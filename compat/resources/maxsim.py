@@ -13,8 +13,8 @@ import uuid
 
 import falcon
 
+from compat.catalog import EMBEDDING
 from compat.errors import bad_request, check_client_batch
-from compat.models import EMBEDDING
 from compat.resources.leasing import model_request
 from compat.resources.rerank import fetch_query_documents
 from compat.routing import Models

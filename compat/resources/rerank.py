@@ -5,9 +5,9 @@ import uuid
 
 import falcon
 
+from compat.catalog import RERANK
 from compat.errors import check_client_batch
 from compat.media import with_images
-from compat.models import RERANK
 from compat.resources.leasing import model_request
 from compat.routing import Models
 from compat.settings import Settings

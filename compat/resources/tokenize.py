@@ -1,4 +1,4 @@
-"""POST /tokenize and /detokenize (contract §5); on a several-model server `model` picks the tokenizer."""
+"""POST /tokenize and /detokenize (docs/llama-server-contract.md §5); on a several-model server `model` picks the tokenizer."""
 from __future__ import annotations
 
 import falcon

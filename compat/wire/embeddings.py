@@ -1,4 +1,4 @@
-"""/embedding, /embeddings and /v1/embeddings bodies (contract §3). Pure: no falcon.
+"""/embedding, /embeddings and /v1/embeddings bodies (docs/llama-server-contract.md §3). Pure: no falcon.
 
 A multi-vector (late-interaction) model answers one [n_tokens, d] list of rows per input on every route: the
 rows the model L2-normalized one by one, image tokens included, padding trimmed; `embd_normalize` does not apply

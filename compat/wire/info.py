@@ -1,10 +1,11 @@
-"""/health, /props, /models and /slots bodies (contract §6), keys in llama-server's order. Pure: no falcon."""
+"""/health, /props, /models and /slots bodies (docs/llama-server-contract.md §6), keys in llama-server's order; router mode's own /models
+and /props are compat/wire/router.py's. Pure: no falcon."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
 from compat.wire.inputs import MEDIA_MARKER
-from engine.types import ModelInfo
+from engine.types import ModelInfo, Pooling
 
 if TYPE_CHECKING:
     from compat.settings import Settings
@@ -65,10 +66,12 @@ def render_props_response(settings: Settings, info: ModelInfo, version: str,
     }
 
 
-def render_models_response(settings: Settings, info: ModelInfo, capabilities: list[str],
-                           created: int) -> dict[str, Any]:
-    """Ollama's `models` list first, then the OpenAI list (§6.3); `created` is the time of this request."""
+def render_models_response(settings: Settings, info: ModelInfo, created: int) -> dict[str, Any]:
+    """The single-model /models: Ollama's `models` list first, then the OpenAI list (§6.3); `created` is the time
+    of this request."""
     name = settings.model_name
+    # the engine refuses to load an embedder in rank mode and a reranker outside it, so this names the model
+    capabilities = ["rerank"] if settings.pooling is Pooling.RANK else ["embedding"]
     return {
         "models": [{
             "name": name, "model": name, "modified_at": "", "size": "", "digest": "", "type": "model",

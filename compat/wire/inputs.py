@@ -1,4 +1,4 @@
-"""llama-server's input forms (contract §3.2) and OpenAI content parts -> prompts. Pure: no falcon, no engine.
+"""llama-server's input forms (docs/llama-server-contract.md §3.2) and OpenAI content parts -> prompts. Pure: no falcon, no engine.
 
 A prompt is a list of parts: a str is text to tokenize, an int is a raw token id, a MediaRef is an image
 (fetched and checked by the resource, decoded by the engine). The engine applies llama's mixed-prompt rule

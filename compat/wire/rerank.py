@@ -1,4 +1,4 @@
-"""/rerank, /reranking, /v1/rerank, /v1/reranking and /v2/rerank bodies (contract §4). Pure: no falcon.
+"""/rerank, /reranking, /v1/rerank, /v1/reranking and /v2/rerank bodies (docs/llama-server-contract.md §4). Pure: no falcon.
 
 Score contract, the same on every route and in every shape (`relevance_score`, TEI's `score`):
 - cross-encoders: the raw classifier logit, unbounded, as llama-server reports it; with --rerank-sigmoid the

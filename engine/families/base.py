@@ -133,7 +133,7 @@ def gelu_tanh(x: mx.array) -> mx.array:
 
 # erf(x) as a ratio of odd/even polynomials on [-4, 4] (the rational form Eigen and XLA use for float32).
 # MLX's erf and exp are scalar loops on a Linux CPU; pure arithmetic fused by mx.compile runs ~7x faster
-# (shared/reference/mlx-on-linux.md). Max error against the exact erf GELU: about 1e-6 (tests/engine).
+# (docs/mlx-on-linux.md). Max error against the exact erf GELU: about 1e-6 (tests/engine).
 _ERF_P = (-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06, -5.69250639462346e-05,
           -7.34990630326855e-04, -2.95459980854025e-03, -1.60960333262415e-02)
 _ERF_Q = (-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03, -7.37332916720468e-03,
@@ -298,3 +298,34 @@ def place_image_features(embeds: mx.array, is_image: np.ndarray, features: mx.ar
     flat = embeds.reshape(batch * length, width)
     flat[mx.array(slots.astype(np.int32))] = features.astype(embeds.dtype)
     return flat.reshape(batch, length, width)
+
+
+def l2_normalize(vectors: mx.array) -> mx.array:
+    """Each vector along the last axis divided by its L2 norm: the multi-vector retrievers' per-token
+    normalization. The references all write `proj / proj.norm(dim=-1, keepdim=True)` with no epsilon
+    (colpali-engine's ColIdefics3, ColQwen2 and ColQwen2_5, transformers' ColQwen2ForRetrieval), so none is
+    added here. The norm is taken in float32, as torch accumulates a half-precision norm, then divides in the
+    vectors' dtype."""
+    norms = mx.linalg.norm(vectors.astype(mx.float32), axis=-1, keepdims=True)
+    return vectors / norms.astype(vectors.dtype)
+
+
+def without_prefix(key: str, prefixes: tuple[str, ...]) -> str:
+    """key less the first of `prefixes` it starts with; unchanged when it starts with none."""
+    for prefix in prefixes:
+        if key.startswith(prefix):
+            return key[len(prefix):]
+    return key
+
+
+def trunk_weights(weights: dict[str, mx.array], prefixes: tuple[str, ...],
+                  roots: tuple[str, ...]) -> dict[str, mx.array]:
+    """An encoder's trunk from a checkpoint of the bare model or of a task model around it: each key less the
+    task model's prefix for the trunk (without_prefix), and only the keys under the trunk's `roots` kept (a
+    task's heads, poolers and buffers are not the trunk)."""
+    out = {}
+    for key, value in weights.items():
+        key = without_prefix(key, prefixes)
+        if key.startswith(roots):
+            out[key] = value
+    return out

@@ -17,6 +17,7 @@ from engine.families.base import (
     attention,
     padding_mask,
     split_heads,
+    trunk_weights,
 )
 
 
@@ -162,14 +163,9 @@ class Model(Trunk):
 
     @staticmethod
     def sanitize(weights: dict[str, mx.array]) -> dict[str, mx.array]:
-        """Trunk keys only: drop the `bert.` prefix, old gamma/beta names, buffers and task heads."""
-        out = {}
-        for key, value in _renamed(weights).items():
-            if key.startswith("bert."):
-                key = key[len("bert."):]
-            if key.startswith(("embeddings.", "encoder.")):
-                out[key] = value  # cls.* (MLM head), pooler.*, classifier.*: not part of the trunk
-        return out
+        """Trunk keys only: drop the `bert.` prefix, old gamma/beta names, buffers and task heads (cls.*: the MLM
+        head; pooler.*; classifier.*)."""
+        return trunk_weights(_renamed(weights), ("bert.",), ("embeddings.", "encoder."))
 
 
 class SequenceClassifier(nn.Module):

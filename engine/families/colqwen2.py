@@ -21,9 +21,9 @@ import numpy as np
 
 from engine.errors import InvalidInput, UnsupportedCheckpoint
 from engine.families import qwen2, qwen2_5_vl, qwen2_vl
-from engine.families.base import Trunk, place_image_features
+from engine.families.base import Trunk, l2_normalize, place_image_features
+from engine.families.mrope import Grid, rope_index
 from engine.families.qwen2_vl import TextModel, text_args
-from engine.families.qwen3_vl import Grid, rope_index
 
 # the vision-language models a ColQwen checkpoint is built on, by their model_type: (tower args, tower)
 TOWERS = {"qwen2_vl": (qwen2_vl.VisionArgs, qwen2_vl.VisionModel),
@@ -102,9 +102,8 @@ class Model(Trunk):
         if grids:
             x = self._place_images(x, ids, patches, grids)
         hidden = self.model.run(x, attention_mask, mx.array(positions))
-        vectors = self.custom_text_proj(hidden)
-        norms = mx.sqrt(mx.sum(vectors * vectors, axis=-1, keepdims=True))
-        return vectors / mx.maximum(norms, 1e-12) * (attention_mask != 0)[..., None].astype(vectors.dtype)
+        vectors = l2_normalize(self.custom_text_proj(hidden))
+        return vectors * (attention_mask != 0)[..., None].astype(vectors.dtype)
 
     def embed_with_images(self, input_ids: mx.array, images: list[dict[str, mx.array]]) -> mx.array:
         """One input, ids [1, L] whose <|image_pad|> runs the images fill, in order -> token vectors [1, L, 128]

@@ -16,7 +16,8 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from engine.errors import UnsupportedCheckpoint
-from engine.families.base import BaseModelArgs, Trunk, activation, attention, padding_mask, split_heads
+from engine.families.base import (BaseModelArgs, Trunk, activation, attention, padding_mask, split_heads,
+                                  trunk_weights, without_prefix)
 from engine.families import bert
 
 # Where the trunk sits in the task heads: NewFor* checkpoints use `new.`, transformers' GteFor* `gte.`.
@@ -177,12 +178,8 @@ class Model(Trunk):
     @staticmethod
     def sanitize(weights: dict[str, mx.array]) -> dict[str, mx.array]:
         """Trunk keys only: a task head's `new.`/`gte.` prefix dropped; heads, poolers and buffers left out."""
-        out = {}
-        for key, value in _packed(weights).items():
-            key = _without_trunk_prefix(key)
-            if key.startswith(("embeddings.", "encoder.")) and not key.endswith("position_ids"):
-                out[key] = value
-        return out
+        tensors = {k: v for k, v in _packed(weights).items() if not k.endswith("position_ids")}
+        return trunk_weights(tensors, _TRUNK_PREFIXES, ("embeddings.", "encoder."))
 
 
 class SequenceClassifier(bert.SequenceClassifier):
@@ -197,17 +194,10 @@ class SequenceClassifier(bert.SequenceClassifier):
         out = {}
         for key, value in _packed(weights).items():
             if key.startswith(_TRUNK_PREFIXES) and not key.endswith("position_ids"):
-                out["new." + _without_trunk_prefix(key)] = value
+                out["new." + without_prefix(key, _TRUNK_PREFIXES)] = value
             elif key.startswith("classifier."):
                 out[key] = value
         return out
-
-
-def _without_trunk_prefix(key: str) -> str:
-    for prefix in _TRUNK_PREFIXES:
-        if key.startswith(prefix):
-            return key[len(prefix):]
-    return key
 
 
 def _packed(weights: dict[str, mx.array]) -> dict[str, mx.array]:

@@ -20,7 +20,7 @@ import numpy as np
 
 from engine.errors import UnsupportedCheckpoint
 from engine.families import llama, siglip
-from engine.families.base import Trunk, pixel_shuffle, place_image_features
+from engine.families.base import Trunk, l2_normalize, pixel_shuffle, place_image_features
 
 PROJECTION_WIDTH = 128  # ColIdefics3's `linear`: the width of every token vector
 
@@ -131,8 +131,7 @@ class Model(Trunk):
         return features.reshape(-1, features.shape[-1])
 
     def _token_vectors(self, hidden: mx.array) -> mx.array:
-        vectors = self.linear(hidden)
-        return vectors / mx.linalg.norm(vectors.astype(mx.float32), axis=-1, keepdims=True).astype(vectors.dtype)
+        return l2_normalize(self.linear(hidden))
 
     def sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
         """Rotary and position-id buffers dropped; torch's Conv2d filter [out, in, kh, kw] -> MLX's [out, kh, kw, in]."""

@@ -22,6 +22,7 @@ from engine.families.base import (
     checked_layer_types,
     padding_mask,
     split_heads,
+    trunk_weights,
 )
 
 GLOBAL, LOCAL = "full_attention", SLIDING_ATTENTION
@@ -183,13 +184,7 @@ class Model(Trunk):
     @staticmethod
     def sanitize(weights: dict[str, mx.array]) -> dict[str, mx.array]:
         """Trunk keys only: the `model.` prefix dropped; head.*, decoder.* and classifier.* are not the trunk."""
-        out = {}
-        for key, value in weights.items():
-            if key.startswith("model."):
-                key = key[len("model."):]
-            if key.startswith(("embeddings.", "layers.", "final_norm.")):
-                out[key] = value
-        return out
+        return trunk_weights(weights, ("model.",), ("embeddings.", "layers.", "final_norm."))
 
 
 class ModernBertPredictionHead(nn.Module):

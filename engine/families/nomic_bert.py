@@ -14,7 +14,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from engine.errors import UnsupportedCheckpoint
-from engine.families.base import BaseModelArgs, activation, attention, padding_mask, split_heads
+from engine.families.base import BaseModelArgs, activation, attention, padding_mask, split_heads, trunk_weights
 
 # activation_function -> the gate's activation (base.activation names): fc2(fc11(x) * act(fc12(x))).
 _GATES = {"swiglu": "silu", "geglu": "gelu"}
@@ -206,10 +206,4 @@ class Model(nn.Module):
     @staticmethod
     def sanitize(weights: dict[str, mx.array]) -> dict[str, mx.array]:
         """Trunk keys only: NomicBertForPreTraining's `bert.` prefix dropped, its MLM head and any pooler left out."""
-        out = {}
-        for key, value in weights.items():
-            if key.startswith("bert."):
-                key = key[len("bert."):]
-            if key.startswith(("embeddings.", "emb_ln.", "encoder.")):
-                out[key] = value
-        return out
+        return trunk_weights(weights, ("bert.",), ("embeddings.", "emb_ln.", "encoder."))

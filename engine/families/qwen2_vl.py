@@ -9,8 +9,8 @@ block of patches concatenated, a GELU MLP) into one decoder-width vector per blo
 
 Decoder: the Qwen2 blocks, each rotary frequency band reading one of three position axes (mrope_section): text
 tokens advance all three together, an image's tokens take (t, row, column) offsets from where the image starts,
-and the text after an image resumes at that start plus the image's larger side in blocks (qwen3_vl.rope_index:
-the positions are Qwen2-VL's; Qwen3-VL differs only in how the bands are assigned).
+and the text after an image resumes at that start plus the image's larger side in blocks (engine/families/mrope.py,
+shared with Qwen3-VL, which differs only in how the bands are assigned).
 """
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-import numpy as np
 
 from engine.errors import InvalidInput, UnsupportedCheckpoint
 from engine.families import llama, qwen2
@@ -32,6 +31,7 @@ from engine.families.base import (
     rotate,
     split_heads,
 )
+from engine.families.mrope import axial_rotary, merge_block_positions, mrope_tables, sectioned_axes
 
 
 @dataclass
@@ -141,21 +141,8 @@ class PatchMerger(nn.Module):
 def vision_rotary(grid_h: int, grid_w: int, args: VisionArgs) -> tuple[mx.array, mx.array]:
     """cos, sin [n_patches, head_dim] in the processor's block-major patch order: the first half of each head's
     bands turns with the patch's row, the second with its column (same frequencies), rotate-half layout."""
-    rows, cols = np.meshgrid(np.arange(grid_h), np.arange(grid_w), indexing="ij")
-    m = args.spatial_merge_size
-    shape = (grid_h // m, m, grid_w // m, m)
-    rows, cols = (a.reshape(shape).transpose(0, 2, 1, 3).reshape(-1) for a in (rows, cols))
+    rows, cols = merge_block_positions(grid_h, grid_w, args.spatial_merge_size)
     return axial_rotary(rows, cols, args.head_dim, args.rope_theta)
-
-
-def axial_rotary(rows: np.ndarray, cols: np.ndarray, head_dim: int, theta: float) -> tuple[mx.array, mx.array]:
-    """cos, sin [N, head_dim] of the Qwen-VL towers' 2-D rotary for patches at (rows, cols): one table of
-    head_dim / 4 frequencies, turned by the row in the first half of the bands and by the column in the second."""
-    spatial = head_dim // 2
-    inv_freq = 1.0 / (theta ** (np.arange(0, spatial, 2, dtype=np.float32) / spatial))
-    angles = np.concatenate([rows[:, None] * inv_freq, cols[:, None] * inv_freq], axis=-1).astype(np.float32)
-    angles = mx.array(np.concatenate([angles, angles], axis=-1))
-    return mx.cos(angles), mx.sin(angles)
 
 
 def still_image(grid_thw: tuple[int, int, int]) -> tuple[int, int]:
@@ -217,20 +204,6 @@ class VisionModel(nn.Module):
 
 
 # -- decoder with M-RoPE -------------------------------------------------------------------------------------
-
-def sectioned_axes(section: list[int]) -> np.ndarray:
-    """Qwen2-VL's M-RoPE: which position axis (0 t, 1 h, 2 w) each frequency reads, in contiguous bands of
-    section[0], section[1], section[2] frequencies."""
-    return np.concatenate([np.full(size, i % 3) for i, size in enumerate(section)])
-
-
-def mrope_tables(positions: mx.array, inv_freq: mx.array, axis: np.ndarray) -> tuple[mx.array, mx.array]:
-    """positions [3, B, L] -> cos, sin [B, 1, L, head_dim], frequency i turning with position axis axis[i]."""
-    chosen = positions.transpose(1, 2, 0)[..., mx.array(axis)]  # [B, L, head_dim / 2]
-    angles = chosen.astype(mx.float32) * inv_freq
-    angles = mx.concatenate([angles, angles], axis=-1)[:, None]
-    return mx.cos(angles), mx.sin(angles)
-
 
 class TextModel(llama.DecoderModel):
     """The Qwen2 decoder fed embeddings (image features already in place) and M-RoPE positions."""

@@ -43,7 +43,7 @@ class Model(bert.Model):
     @staticmethod
     def sanitize(weights: dict[str, mx.array]) -> dict[str, mx.array]:
         """Trunk keys only: the `roberta.` prefix dropped, then BERT's rules (lm_head.*, pooler.* dropped)."""
-        return bert.Model.sanitize({_strip(k, "roberta."): v for k, v in weights.items()})
+        return bert.Model.sanitize({k.removeprefix("roberta."): v for k, v in weights.items()})
 
 
 class ClassificationHead(nn.Module):
@@ -91,7 +91,3 @@ def positions_after_pad(input_ids: mx.array, attention_mask: mx.array, pad: int)
     tokens count from pad + 1, padding keeps position pad."""
     real = (input_ids != pad).astype(mx.int32) * (attention_mask != 0).astype(mx.int32)
     return mx.cumsum(real, axis=1) * real + pad
-
-
-def _strip(key: str, prefix: str) -> str:
-    return key[len(prefix):] if key.startswith(prefix) else key

@@ -35,7 +35,7 @@ def handler_error(status: int, message: str, kind: str) -> str:
 
 
 def llama_normalize(x: np.ndarray, p: int) -> np.ndarray:
-    """contract §3.5, written independently of the engine's version."""
+    """docs/llama-server-contract.md §3.5, written independently of the engine's version."""
     x = np.asarray(x, dtype=np.float64)
     if p == -1:
         total = 1.0

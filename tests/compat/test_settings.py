@@ -1,10 +1,11 @@
-"""Option resolution as llama-server does it (contract §7.1, §7.2, §7.4)."""
+"""Option resolution as llama-server does it (docs/llama-server-contract.md §7.1, §7.2, §7.4)."""
 import logging
 from pathlib import Path
 
 import pytest
 
 from compat import settings as settings_module
+from compat.settings import resolver
 from compat.settings import HelpRequested, Settings, SettingsError, format_help, option_table, parse_settings
 from engine.types import DEFAULT_MODEL_NAME, EngineOptions, Pooling
 
@@ -69,7 +70,7 @@ def test_every_layer_in_order(tmp_path):
 
 
 def test_default_system_paths_come_from_xdg_or_home(tmp_path, monkeypatch):
-    monkeypatch.setattr(settings_module, "SYSTEM_CONFIG_FILE", ini(tmp_path, "etc/config.ini", "port = 1\nc = 1\n"))
+    monkeypatch.setattr(resolver, "SYSTEM_CONFIG_FILE", ini(tmp_path, "etc/config.ini", "port = 1\nc = 1\n"))
     ini(tmp_path, "home/.config/llama.cpp/config.ini", "port = 2\n")
     ini(tmp_path, "xdg/llama.cpp/config.ini", "port = 3\n")
     home, xdg = str(tmp_path / "home"), str(tmp_path / "xdg")

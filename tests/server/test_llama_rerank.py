@@ -1,4 +1,4 @@
-"""llama.cpp's own rerank tests (tools/server/tests/unit/test_rerank.py, contract §8.3), against our server,
+"""llama.cpp's own rerank tests (tools/server/tests/unit/test_rerank.py, docs/llama-server-contract.md §8.3), against our server,
 plus score parity with the reference implementations, the cohere SDK and a generative reranker over HTTP.
 
 The cross-encoder is the trained fixture bert-tiny-ce-distilled in place of jina-reranker-v1-tiny-en, with

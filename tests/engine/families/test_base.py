@@ -12,9 +12,11 @@ import pytest
 import engine  # noqa: F401  (binds the BLAS before MLX is used)
 from engine.errors import UnsupportedCheckpoint
 from engine.families import gemma3_text, lfm2, llama, modernbert, qwen2
-from engine.families.base import _exp, attention, checked_layer_types, gelu_erf, is_bidirectional, softmax
+from engine.families.base import (_exp, attention, checked_layer_types, gelu_erf, is_bidirectional, l2_normalize,
+                                  softmax)
 from engine.loading.registry import default_pooling
 from engine.types import Pooling
+from tests.engine.helpers import torch
 
 
 def test_gelu_matches_the_exact_erf_gelu():
@@ -48,6 +50,23 @@ def test_attention_matches_the_reference_and_respects_the_mask():
     # a fully masked row stays finite (no NaN leaking into the next layer)
     none = mx.zeros((2, 1, 1, 9), dtype=mx.bool_)
     assert np.isfinite(np.array(attention(q, k, v, none))).all()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_l2_normalize_is_the_retrievers_division_by_the_norm(dtype):
+    """colpali-engine's and transformers' `proj / proj.norm(dim=-1, keepdim=True)`: in half precision to the bit
+    (the norm summed in float32, then rounded to the dtype, as torch does); in float32 within the rounding of a
+    different summation order."""
+    t = torch()
+    x = np.random.default_rng(0).normal(size=(3, 50, 128)).astype(np.float32) * 3
+    theirs = t.from_numpy(x).to(getattr(t, dtype))
+    expected = (theirs / theirs.norm(dim=-1, keepdim=True)).float().numpy()
+    ours = l2_normalize(mx.array(x).astype(getattr(mx, dtype)))
+    assert ours.dtype == getattr(mx, dtype)
+    if dtype == "float32":
+        np.testing.assert_allclose(np.array(ours), expected, rtol=1e-6, atol=0)
+    else:
+        np.testing.assert_array_equal(np.array(ours.astype(mx.float32)), expected)
 
 
 def test_layer_types_are_checked_once_for_every_family():

@@ -9,7 +9,7 @@ import pytest
 
 from engine.loading import weights
 from engine.errors import UnsupportedCheckpoint
-from engine.families import qwen3_vl
+from engine.families import mrope, qwen3_vl
 from tests.engine.families.qwen3_vl_fixture import MERGE, make_checkpoint, random_patches, reference_hidden
 from tests.engine.helpers import cosine, torch
 
@@ -120,7 +120,7 @@ def test_text_only_call_matches(checkpoint, ours):
 def test_rope_index_follows_the_grid_and_resumes_after_it():
     ids = np.array([[5, 6, 9, 9, 9, 9, 9, 9, 7, 0]])
     mask = np.array([[1, 1, 1, 1, 1, 1, 1, 1, 1, 0]])
-    pos = qwen3_vl.rope_index(ids, mask, [(1, 4, 6)], image_token_id=9, merge=2)
+    pos = mrope.rope_index(ids, mask, [(1, 4, 6)], image_token_id=9, merge=2)
     # 2 x 3 merged grid from position 2; text resumes at 2 + max(2, 3)
     assert pos[:, 0, :2].tolist() == [[0, 1]] * 3
     assert pos[0, 0, 2:8].tolist() == [2] * 6
@@ -128,9 +128,9 @@ def test_rope_index_follows_the_grid_and_resumes_after_it():
     assert pos[2, 0, 2:8].tolist() == [2, 3, 4, 2, 3, 4]
     assert pos[:, 0, 8].tolist() == [5, 5, 5]
     with pytest.raises(ValueError, match="image tokens"):
-        qwen3_vl.rope_index(ids, mask, [(1, 4, 4)], image_token_id=9, merge=2)
+        mrope.rope_index(ids, mask, [(1, 4, 4)], image_token_id=9, merge=2)
     # without images, the image token id is plain text (as the reference without pixel values)
-    text = qwen3_vl.rope_index(ids, mask, [], image_token_id=9, merge=2)
+    text = mrope.rope_index(ids, mask, [], image_token_id=9, merge=2)
     assert text[:, 0, :9].tolist() == [list(range(9))] * 3
 
 
