@@ -39,6 +39,7 @@ EMBEDDERS = {
     "qwen3": {"", "Qwen3Model", "Qwen3ForCausalLM"},
     "gemma3_text": {"", "Gemma3TextModel", "Gemma3ForCausalLM"},
     # LFM2.5-Embedding and the LFM2 / LFM2.5 ColBERT retrievers: the bidirectional encoder (conv centered)
+    "ministral3": {"", "Ministral3Model", "Ministral3ForCausalLM"},  # Nemotron-3-Embed: is_causal false
     "lfm2": {"", "Lfm2Model", "Lfm2ForCausalLM", "Lfm2BidirectionalModel", "Lfm2BidirectionalForMaskedLM"},
     "nomic_bert": {"", "NomicBertModel", "NomicBertForPreTraining"},
     # gte-multilingual-base ships as NewForTokenClassification (its sparse-weight head); the trunk embeds
@@ -75,7 +76,7 @@ FAMILY_DEFAULT_POOLING["llama_nemotron_vl"] = Pooling.MEAN  # its llm_config poo
 # Decoder backbones without 1_Pooling: a bidirectional embedding export (LLM2Vec, EmbeddingGemma) mean-pools,
 # a bare Qwen3Model export is Qwen3-Embedding (last token); any other decoder gets what llama-server gives a
 # decoder GGUF without a pooling type: none (one vector per token; --pooling picks another).
-DECODER_FAMILIES = {"llama", "qwen2", "qwen3", "gemma3_text", "lfm2"}
+DECODER_FAMILIES = {"llama", "qwen2", "qwen3", "gemma3_text", "lfm2", "ministral3"}
 ARCHITECTURE_DEFAULT_POOLING = {"Qwen3Model": Pooling.LAST, "Lfm2BidirectionalModel": Pooling.MEAN,
                                 "Lfm2BidirectionalForMaskedLM": Pooling.MEAN}
 

@@ -17,13 +17,15 @@ from engine.errors import UnsupportedCheckpoint
 from engine.families import lfm2
 from engine.loading import registry
 from tests.engine.families.decoder_fixture import (
+    LONG_TEXTS,
     MIN_COSINE,
-    TEXTS,
     check_batch_invariant,
     check_pooled,
     check_tokens_match,
+    pooled_layout,
     reference_hidden,
     save_random,
+    st_modules,
     token_lists,
 )
 from tests.engine.helpers import cosine, start_engine, torch
@@ -57,7 +59,6 @@ def test_lfm2_mean_pooling_matches_and_is_batch_invariant(causal):
 # without the causal mask (config.is_causal = False, eager attention), patched in only while the reference runs.
 BIDIRECTIONAL = dict(num_hidden_layers=4, layer_types=["conv", "full_attention", "conv", "full_attention"],
                      intermediate_size=96, block_multiple_of=16)
-LONG_TEXTS = [*TEXTS, "Gravity is a force. " * 20]  # the last one is ~100 tokens
 PROMPTS = {"query": "query: ", "document": "document: "}  # LFM2.5-Embedding's, caller-side
 
 
@@ -100,11 +101,6 @@ class BidirectionalReference:
             return self.inner(**inputs)
 
 
-def st_modules(*modules: tuple[str, str]) -> list[dict]:
-    return [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-            *({"idx": i, "name": str(i), "path": path, "type": kind} for i, (path, kind) in enumerate(modules, 1))]
-
-
 @pytest.fixture(scope="module")
 def embedding(tmp_path_factory):
     """LFM2.5-Embedding-350M's layout: Lfm2BidirectionalModel, 1_Pooling CLS, query / document prompts; a conv
@@ -112,9 +108,7 @@ def embedding(tmp_path_factory):
     folder, model = save_random(
         tmp_path_factory.mktemp("lfm2_embedding") / "m", "Lfm2Model", "Lfm2Config", seed=15, conv_bias=True,
         config_edits={"architectures": ["Lfm2BidirectionalModel"]}, **BIDIRECTIONAL,
-        files={"modules.json": st_modules(("1_Pooling", "sentence_transformers.models.Pooling")),
-               "1_Pooling/config.json": {"word_embedding_dimension": 64, "pooling_mode_cls_token": True},
-               "config_sentence_transformers.json": {"prompts": PROMPTS, "default_prompt_name": None}})
+        files=pooled_layout("cls", PROMPTS))
     return folder, BidirectionalReference(model)
 
 
