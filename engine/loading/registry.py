@@ -38,8 +38,9 @@ EMBEDDERS = {
     "qwen2": {"", "Qwen2Model", "Qwen2ForCausalLM"},
     "qwen3": {"", "Qwen3Model", "Qwen3ForCausalLM"},
     "gemma3_text": {"", "Gemma3TextModel", "Gemma3ForCausalLM"},
-    # LFM2.5-Embedding and the LFM2 / LFM2.5 ColBERT retrievers: the bidirectional encoder (conv centered)
     "ministral3": {"", "Ministral3Model", "Ministral3ForCausalLM"},  # Nemotron-3-Embed: is_causal false
+    "eurobert": {"", "EuroBertModel", "EuroBertForMaskedLM"},  # a Llama stack without the causal mask
+    # LFM2.5-Embedding and the LFM2 / LFM2.5 ColBERT retrievers: the bidirectional encoder (conv centered)
     "lfm2": {"", "Lfm2Model", "Lfm2ForCausalLM", "Lfm2BidirectionalModel", "Lfm2BidirectionalForMaskedLM"},
     "nomic_bert": {"", "NomicBertModel", "NomicBertForPreTraining"},
     # gte-multilingual-base ships as NewForTokenClassification (its sparse-weight head); the trunk embeds
@@ -68,7 +69,7 @@ GENERATIVE_RERANKERS = {
 
 # Without 1_Pooling/config.json: what sentence-transformers itself would do with a bare encoder.
 FAMILY_DEFAULT_POOLING = {"bert": Pooling.MEAN, "xlm_roberta": Pooling.MEAN, "modernbert": Pooling.MEAN,
-                          "nomic_bert": Pooling.MEAN, "gte": Pooling.MEAN}
+                          "nomic_bert": Pooling.MEAN, "gte": Pooling.MEAN, "eurobert": Pooling.MEAN}
 FAMILY_DEFAULT_POOLING["siglip"] = Pooling.LAST  # reported only: the towers pool at their own last position
 FAMILY_DEFAULT_POOLING["idefics3"] = FAMILY_DEFAULT_POOLING["colqwen2"] = Pooling.NONE  # multi-vector: per token
 FAMILY_DEFAULT_POOLING["qwen3_vl"] = Pooling.LAST  # every input ends in the assistant header it is read at
