@@ -23,6 +23,9 @@ MODEL_TYPE_ALIASES = {"xlm-roberta": "xlm_roberta", "siglip_text_model": "siglip
                       # ColQwen2 / ColQwen2.5: colpali-engine saves the VLM's config, transformers' export a colqwen2 one
                       "qwen2_vl": "colqwen2", "qwen2_5_vl": "colqwen2"}
 
+# Architectures served by a family other than their model_type's (jina-embeddings-v3's remote code says xlm-roberta).
+ARCHITECTURE_FAMILIES = {"XLMRobertaLoRA": "jina_embeddings_v3"}
+
 # transformers' names for architectures whose published checkpoints spell them otherwise.
 ARCHITECTURE_ALIASES = {"GteModel": "NewModel", "GteForMaskedLM": "NewForMaskedLM",
                         "GteForTokenClassification": "NewForTokenClassification",
@@ -53,6 +56,8 @@ EMBEDDERS = {
     # SigLIP tower + pixel shuffle + MLP connector + bidirectional Llama, mean-pooled (text and image inputs)
     "llama_nemotron_vl": {"LlamaNemotronVLModel"},
     "colqwen2": {"ColQwen2", "ColQwen2_5", "ColQwen2ForRetrieval"},  # the same on Qwen2-VL and Qwen2.5-VL
+    # jina-embeddings-v3: transformers' export, or Jina's remote code with its task LoRA adapters
+    "jina_embeddings_v3": {"", "JinaEmbeddingsV3Model", "XLMRobertaLoRA"},
 }
 CROSS_ENCODERS = {
     "bert": "BertForSequenceClassification",
@@ -69,7 +74,8 @@ GENERATIVE_RERANKERS = {
 
 # Without 1_Pooling/config.json: what sentence-transformers itself would do with a bare encoder.
 FAMILY_DEFAULT_POOLING = {"bert": Pooling.MEAN, "xlm_roberta": Pooling.MEAN, "modernbert": Pooling.MEAN,
-                          "nomic_bert": Pooling.MEAN, "gte": Pooling.MEAN, "eurobert": Pooling.MEAN}
+                          "nomic_bert": Pooling.MEAN, "gte": Pooling.MEAN, "eurobert": Pooling.MEAN,
+                          "jina_embeddings_v3": Pooling.MEAN}
 FAMILY_DEFAULT_POOLING["siglip"] = Pooling.LAST  # reported only: the towers pool at their own last position
 FAMILY_DEFAULT_POOLING["idefics3"] = FAMILY_DEFAULT_POOLING["colqwen2"] = Pooling.NONE  # multi-vector: per token
 FAMILY_DEFAULT_POOLING["qwen3_vl"] = Pooling.LAST  # every input ends in the assistant header it is read at
@@ -106,6 +112,8 @@ class LoadedModel:
 
 
 def family_name(checkpoint: Checkpoint) -> str:
+    if checkpoint.architecture in ARCHITECTURE_FAMILIES:
+        return ARCHITECTURE_FAMILIES[checkpoint.architecture]
     return MODEL_TYPE_ALIASES.get(checkpoint.model_type, checkpoint.model_type)
 
 

@@ -66,11 +66,28 @@ def save_random(folder: Path, model_cls: str, config_cls: str, *, seed: int = 0,
         saved = json.loads(path.read_text(encoding="utf-8"))
         saved.update(config_edits)
         path.write_text(json.dumps(saved), encoding="utf-8")
-    for rel, content in (files or {}).items():
+    write_files(folder, files or {})
+    return folder, model
+
+
+def write_files(folder: Path, files: dict[str, object]) -> None:
+    """relative path -> JSON-able object (or str), written under folder."""
+    for rel, content in files.items():
         target = folder / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(content if isinstance(content, str) else json.dumps(content), encoding="utf-8")
-    return folder, model
+
+
+def token_vectors(folder: Path, texts: list[str]) -> tuple[list[list[int]], list[np.ndarray]]:
+    """`texts` tokenized by the engine's own tokenizer and embedded in one padded batch with pooling none:
+    (each text's ids, its per-token vectors); the longest must be ~100 tokens."""
+    eng = start_engine(folder, pooling=Pooling.NONE)
+    try:
+        lists = [eng.encode_prompt([text]) for text in texts]
+        assert max(map(len, lists)) >= 100
+        return lists, eng.embed(lists).vectors
+    finally:
+        eng.close()
 
 
 def st_modules(*modules: tuple[str, str]) -> list[dict]:

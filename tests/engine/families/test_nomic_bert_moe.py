@@ -22,7 +22,7 @@ from safetensors.numpy import save_file
 from engine import Pooling, checkpoint
 from engine.families import nomic_bert
 from engine.loading import registry
-from tests.engine.families.decoder_fixture import pooled_layout
+from tests.engine.families.decoder_fixture import pooled_layout, token_vectors, write_files
 from tests.engine.helpers import cosine, start_engine, torch, with_minilm_tokenizer
 
 D, HEADS, FF, LAYERS, EXPERTS, TOP_K, EPS, BASE = 64, 4, 96, 4, 4, 2, 1e-5, 10000.0
@@ -133,10 +133,7 @@ def moe(tmp_path_factory) -> tuple[Path, dict[str, np.ndarray]]:
     rows = vocab + (-vocab % 64)
     weights = random_weights(rows, seed=41)
     save_file(weights, str(folder / "model.safetensors"))
-    (folder / "config.json").write_text(json.dumps(hub_config(vocab)), encoding="utf-8")
-    for rel, content in pooled_layout("mean", PROMPTS).items():
-        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
-        (folder / rel).write_text(json.dumps(content), encoding="utf-8")
+    write_files(folder, {"config.json": hub_config(vocab), **pooled_layout("mean", PROMPTS)})
     return folder, weights
 
 
@@ -162,12 +159,7 @@ def test_layers_alternate_dense_and_experts(moe, engine):
 
 def test_tokens_match_the_reference_in_a_padded_batch(moe):
     folder, weights = moe
-    eng = start_engine(folder, pooling=Pooling.NONE)
-    try:
-        batch = lists(eng)
-        ours = eng.embed(batch).vectors
-    finally:
-        eng.close()
+    batch, ours = token_vectors(folder, TEXTS)
     for ids, got in zip(batch, ours, strict=True):
         expected = reference_hidden(weights, ids)
         assert min(cosine(a, b) for a, b in zip(got, expected, strict=True)) >= MIN_COSINE
