@@ -224,17 +224,26 @@ def _read_pooling(path: Path) -> Pooling | None:
 
 
 def _read_prompts(path: Path) -> tuple[dict[str, str], str | None]:
-    """sentence-transformers' `prompts` ({name: text}) and `default_prompt_name`, checked to agree."""
+    """sentence-transformers' `prompts` ({name: text}) and `default_prompt_name`, checked to agree.
+
+    pylate's ColBERT checkpoints also name a `query_prefix` and a `document_prefix` (a token such as "[Q] " put
+    right after the first token of a query or document): they lead the "query" and "document" prompts, which is
+    where they land once the tokenizer adds its first token."""
     cfg = read_json_optional(path)
     prompts = cfg.get("prompts") or {}
     if not isinstance(prompts, dict) or not all(isinstance(k, str) and isinstance(v, str)
                                                 for k, v in prompts.items()):
         raise UnsupportedCheckpoint(f"{path}: 'prompts' must map prompt names to strings")
+    prompts = dict(prompts)
+    for name in ("query", "document"):
+        prefix = cfg.get(f"{name}_prefix")
+        if isinstance(prefix, str) and prefix:
+            prompts[name] = prefix + prompts.get(name, "")
     default = cfg.get("default_prompt_name")
     if default is not None and default not in prompts:
         raise UnsupportedCheckpoint(f"{path}: default_prompt_name {default!r} is not one of its prompts "
                                     f"({', '.join(sorted(prompts)) or 'none'})")
-    return dict(prompts), default
+    return prompts, default
 
 
 def _max_seq_length(sbert: dict[str, Any], tokenizer_config: dict[str, Any]) -> int | None:

@@ -209,7 +209,7 @@ def token_positions(attention_mask: mx.array) -> mx.array:
     return mx.maximum(mx.cumsum((attention_mask != 0).astype(mx.int32), axis=1) - 1, 0)
 
 
-_ROPE_TYPES = ("default", "linear", "llama3")
+_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
 def rope_settings(family: str, rope_parameters: dict[str, Any] | None, rope_scaling: dict[str, Any] | None,
@@ -225,7 +225,48 @@ def rope_settings(family: str, rope_parameters: dict[str, Any] | None, rope_scal
         raise UnsupportedCheckpoint(f"{family} partial_rotary_factor {params['partial_rotary_factor']} is not supported")
     params["rope_type"] = kind
     params["rope_theta"] = float(params.get("rope_theta") or rope_theta or default_theta)
+    if kind == "yarn":
+        _check_yarn(family, params)
     return params
+
+
+def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def _check_yarn(family: str, rope: dict[str, Any]) -> None:
+    """YaRN's frequencies are computed here; its attention factor (cos and sin scaled) is not, so only the
+    settings where it is 1 are served (Ministral 3's: mscale = mscale_all_dim)."""
+    if not rope.get("factor") or not rope.get("original_max_position_embeddings"):
+        raise UnsupportedCheckpoint(f"{family} yarn rope needs factor and original_max_position_embeddings")
+    factor, mscale, mscale_all_dim = rope["factor"], rope.get("mscale"), rope.get("mscale_all_dim")
+    attention_factor = rope.get("attention_factor")
+    if attention_factor is None:
+        attention_factor = (_yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all_dim)
+                            if mscale and mscale_all_dim else _yarn_mscale(factor))
+    if abs(attention_factor - 1.0) > 1e-12:
+        raise UnsupportedCheckpoint(f"{family} yarn rope with attention factor {attention_factor:.6g} is not "
+                                    f"supported (only 1: mscale equal to mscale_all_dim)")
+
+
+def _yarn_inverse_frequencies(head_dim: int, rope: dict[str, Any], inv_freq: mx.array) -> mx.array:
+    """transformers' _compute_yarn_parameters: the fast bands kept, the slow ones divided by factor, a linear
+    ramp between the dimensions that turn beta_fast and beta_slow times over the original context."""
+    base, factor = rope["rope_theta"], rope["factor"]
+    old_len = rope["original_max_position_embeddings"]
+
+    def dim_of(rotations: float) -> float:
+        return head_dim * math.log(old_len / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = dim_of(rope.get("beta_fast") or 32), dim_of(rope.get("beta_slow") or 1)
+    if rope.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = mx.clip((mx.arange(head_dim // 2).astype(mx.float32) - low) / (high - low), 0, 1)
+    keep = 1 - ramp  # the share of the original (extrapolated) frequency
+    return inv_freq / factor * (1 - keep) + inv_freq * keep
 
 
 def rope_inverse_frequencies(head_dim: int, rope: dict[str, Any]) -> mx.array:
@@ -242,6 +283,8 @@ def rope_inverse_frequencies(head_dim: int, rope: dict[str, Any]) -> mx.array:
         smoothed = (1 - smooth) * scaled / factor + smooth * scaled
         medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
         return mx.where(medium, smoothed, scaled)
+    if rope["rope_type"] == "yarn":
+        return _yarn_inverse_frequencies(head_dim, rope, inv_freq)
     return inv_freq
 
 

@@ -111,13 +111,19 @@ class Attention(nn.Module):
             self.q_norm = nn.RMSNorm(args.head_dim, eps=args.rms_norm_eps)
             self.k_norm = nn.RMSNorm(args.head_dim, eps=args.rms_norm_eps)
 
-    def __call__(self, x: mx.array, mask: mx.array, cos: mx.array, sin: mx.array) -> mx.array:
+    def __call__(self, x: mx.array, mask: mx.array, cos: mx.array, sin: mx.array,
+                 q_scale: mx.array | None = None) -> mx.array:
+        """q_scale [B, 1, L, 1]: each position's query multiplied after the rotation (Ministral 3's Llama 4
+        attention scaling)."""
         q = split_heads(self.q_proj(x), self.n_heads)
         k = split_heads(self.k_proj(x), self.n_kv_heads)
         v = split_heads(self.v_proj(x), self.n_kv_heads)
         if "q_norm" in self:
             q, k = self.q_norm(q), self.k_norm(k)
-        return self.o_proj(attention(rotate(q, cos, sin), rotate(k, cos, sin), v, mask))
+        q = rotate(q, cos, sin)
+        if q_scale is not None:
+            q = q * q_scale
+        return self.o_proj(attention(q, rotate(k, cos, sin), v, mask))
 
 
 class MLP(nn.Module):
@@ -143,8 +149,9 @@ class TransformerBlock(nn.Module):
         self.input_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
         self.post_attention_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
 
-    def __call__(self, x: mx.array, mask: mx.array, cos: mx.array, sin: mx.array) -> mx.array:
-        h = x + self.self_attn(self.input_layernorm(x), mask, cos, sin)
+    def __call__(self, x: mx.array, mask: mx.array, cos: mx.array, sin: mx.array,
+                 q_scale: mx.array | None = None) -> mx.array:
+        h = x + self.self_attn(self.input_layernorm(x), mask, cos, sin, q_scale)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -170,18 +177,21 @@ class DecoderModel(nn.Module):
         args = self.args
         return {kind: sequence_mask(attention_mask, args.causal, args.window(kind)) for kind in kinds}
 
+    def position_tables(self, positions: mx.array, kind: str) -> tuple[mx.array, ...]:
+        """What a layer of this kind takes after its mask, for token positions [B, L]: the rotary cos and sin."""
+        return rotary_tables(positions, rope_inverse_frequencies(self.args.head_dim, self.args.rope_of(kind)))
+
     def __call__(self, input_ids: mx.array, attention_mask: mx.array) -> mx.array:
         """Padded ids and mask [B, L] (left or right padding) -> final normed hidden states [B, L, D]."""
         return self.decode(self.embed(input_ids), attention_mask)
 
     def decode(self, x: mx.array, attention_mask: mx.array) -> mx.array:
         """Input embeddings [B, L, D] (a vision-language family's, image features merged in) -> final normed
-        hidden states. Each layer kind (full / sliding) gets its mask and its rotary tables, built once per pass."""
+        hidden states. Each layer kind (full / sliding) gets its mask and its position tables, built once per pass."""
         args = self.args
         positions = token_positions(attention_mask)
         kinds = set(args.layer_types)
-        tables = {kind: rotary_tables(positions, rope_inverse_frequencies(args.head_dim, args.rope_of(kind)))
-                  for kind in kinds}
+        tables = {kind: self.position_tables(positions, kind) for kind in kinds}
         masks = self.layer_masks(attention_mask, kinds)
         for layer in self.layers:
             x = layer(x, masks[layer.layer_type], *tables[layer.layer_type])

@@ -19,9 +19,12 @@ from engine.multimodal.inputs import InputBuilder
 
 # config.json spellings that differ from our file names.
 MODEL_TYPE_ALIASES = {"xlm-roberta": "xlm_roberta", "siglip_text_model": "siglip", "mistral": "llama",
-                      "llama_bidirec": "llama", "new": "gte",
+                      "llama_bidirec": "llama", "new": "gte", "lfm2_bidirectional": "lfm2",
                       # ColQwen2 / ColQwen2.5: colpali-engine saves the VLM's config, transformers' export a colqwen2 one
                       "qwen2_vl": "colqwen2", "qwen2_5_vl": "colqwen2"}
+
+# Architectures served by a family other than their model_type's (jina-embeddings-v3's remote code says xlm-roberta).
+ARCHITECTURE_FAMILIES = {"XLMRobertaLoRA": "jina_embeddings_v3"}
 
 # transformers' names for architectures whose published checkpoints spell them otherwise.
 ARCHITECTURE_ALIASES = {"GteModel": "NewModel", "GteForMaskedLM": "NewForMaskedLM",
@@ -45,7 +48,10 @@ EMBEDDERS = {
     "qwen2": {"", "Qwen2Model", "Qwen2ForCausalLM"},
     "qwen3": {"", "Qwen3Model", "Qwen3ForCausalLM"},
     "gemma3_text": {"", "Gemma3TextModel", "Gemma3ForCausalLM"},
-    "lfm2": {"", "Lfm2Model", "Lfm2ForCausalLM"},
+    "ministral3": {"", "Ministral3Model", "Ministral3ForCausalLM"},  # Nemotron-3-Embed: is_causal false
+    "eurobert": {"", "EuroBertModel", "EuroBertForMaskedLM"},  # a Llama stack without the causal mask
+    # LFM2.5-Embedding and the LFM2 / LFM2.5 ColBERT retrievers: the bidirectional encoder (conv centered)
+    "lfm2": {"", "Lfm2Model", "Lfm2ForCausalLM", "Lfm2BidirectionalModel", "Lfm2BidirectionalForMaskedLM"},
     "nomic_bert": {"", "NomicBertModel", "NomicBertForPreTraining"},
     # gte-multilingual-base ships as NewForTokenClassification (its sparse-weight head); the trunk embeds
     "gte": {"", "NewModel", "NewForMaskedLM", "NewForTokenClassification"},
@@ -57,6 +63,8 @@ EMBEDDERS = {
     # SigLIP tower + pixel shuffle + MLP connector + bidirectional Llama, mean-pooled (text and image inputs)
     "llama_nemotron_vl": {"LlamaNemotronVLModel"},
     "colqwen2": {"ColQwen2", "ColQwen2_5", "ColQwen2ForRetrieval"},  # the same on Qwen2-VL and Qwen2.5-VL
+    # jina-embeddings-v3: transformers' export, or Jina's remote code with its task LoRA adapters
+    "jina_embeddings_v3": {"", "JinaEmbeddingsV3Model", "XLMRobertaLoRA"},
 }
 CROSS_ENCODERS = {
     "bert": "BertForSequenceClassification",
@@ -77,7 +85,7 @@ GENERATIVE_RERANKERS = {
 FAMILY_DEFAULT_POOLING = {"bert": Pooling.MEAN, "xlm_roberta": Pooling.MEAN, "modernbert": Pooling.MEAN,
                           "nomic_bert": Pooling.MEAN, "gte": Pooling.MEAN, "mpnet": Pooling.MEAN,
                           "distilbert": Pooling.MEAN, "roberta": Pooling.MEAN, "camembert": Pooling.MEAN,
-                          "t5": Pooling.MEAN}
+                          "t5": Pooling.MEAN, "eurobert": Pooling.MEAN, "jina_embeddings_v3": Pooling.MEAN}
 FAMILY_DEFAULT_POOLING["siglip"] = Pooling.LAST  # reported only: the towers pool at their own last position
 FAMILY_DEFAULT_POOLING["idefics3"] = FAMILY_DEFAULT_POOLING["colqwen2"] = Pooling.NONE  # multi-vector: per token
 FAMILY_DEFAULT_POOLING["qwen3_vl"] = Pooling.LAST  # every input ends in the assistant header it is read at
@@ -85,8 +93,9 @@ FAMILY_DEFAULT_POOLING["llama_nemotron_vl"] = Pooling.MEAN  # its llm_config poo
 # Decoder backbones without 1_Pooling: a bidirectional embedding export (LLM2Vec, EmbeddingGemma) mean-pools,
 # a bare Qwen3Model export is Qwen3-Embedding (last token); any other decoder gets what llama-server gives a
 # decoder GGUF without a pooling type: none (one vector per token; --pooling picks another).
-DECODER_FAMILIES = {"llama", "qwen2", "qwen3", "gemma3_text", "lfm2"}
-ARCHITECTURE_DEFAULT_POOLING = {"Qwen3Model": Pooling.LAST}
+DECODER_FAMILIES = {"llama", "qwen2", "qwen3", "gemma3_text", "lfm2", "ministral3"}
+ARCHITECTURE_DEFAULT_POOLING = {"Qwen3Model": Pooling.LAST, "Lfm2BidirectionalModel": Pooling.MEAN,
+                                "Lfm2BidirectionalForMaskedLM": Pooling.MEAN}
 
 EMBEDDER, CROSS_ENCODER, GENERATIVE_RERANKER = "embedder", "cross-encoder", "generative-reranker"
 
@@ -113,6 +122,8 @@ class LoadedModel:
 
 
 def family_name(checkpoint: Checkpoint) -> str:
+    if checkpoint.architecture in ARCHITECTURE_FAMILIES:
+        return ARCHITECTURE_FAMILIES[checkpoint.architecture]
     return MODEL_TYPE_ALIASES.get(checkpoint.model_type, checkpoint.model_type)
 
 
@@ -198,6 +209,7 @@ def load(checkpoint: Checkpoint, kind: str | None = None, dtype: str = "auto") -
         return _load_gguf(checkpoint, kind, dtype)
     name = family_name(checkpoint)
     family: ModuleType = importlib.import_module(f"engine.families.{name}")
+    model_class = _model_class(family, checkpoint)
     args = family.ModelArgs.from_dict(checkpoint.config)
     quant = weights.quantization(checkpoint.config)
     raw: dict[str, mx.array] = {}
@@ -215,8 +227,8 @@ def load(checkpoint: Checkpoint, kind: str | None = None, dtype: str = "auto") -
                                         f"its classifier has {labels} rows")
         model = cls(args, labels)
         trunk = model.trunk
-    elif getattr(family.Model, "multi_vector", False):  # it projects each token itself
-        model = trunk = family.Model(args)
+    elif getattr(model_class, "multi_vector", False):  # it projects each token itself
+        model = trunk = model_class(args)
         folders = checkpoint.dense_folders or tuple(f for f in (checkpoint.path / "1_Dense",) if f.is_dir())
         if folders:
             prefix = getattr(model, "projection_prefix", None)
@@ -225,7 +237,7 @@ def load(checkpoint: Checkpoint, kind: str | None = None, dtype: str = "auto") -
                                             f"supported (the family projects its tokens itself)")
             raw = heads.replace_own_projection(raw, folders, prefix)
     else:
-        model = trunk = family.Model(args)
+        model = trunk = model_class(args)
         try:
             projection, dense, raw = heads.split_projection(raw, checkpoint.dense_folders, trunk.hidden_size,
                                                             quant.bits if quant else None)
@@ -252,6 +264,16 @@ def load(checkpoint: Checkpoint, kind: str | None = None, dtype: str = "auto") -
         _input_builder(f"{name}_reranker") if kind == GENERATIVE_RERANKER else None,
         multi_vector=bool(getattr(model, "multi_vector", False)),
     )
+
+
+def _model_class(family: ModuleType, checkpoint: Checkpoint) -> type:
+    """The family's Model, or its ColBERT variant for a checkpoint in pylate's late-interaction layout: a Dense
+    module applied to every token, and no Pooling module."""
+    colbert = getattr(family, "ColBERT", None)
+    if colbert is not None and checkpoint.dense_folders and checkpoint.pooling is None \
+            and "Pooling" not in checkpoint.module_types:
+        return colbert
+    return family.Model
 
 
 def _input_builder(family: str) -> Callable[..., InputBuilder] | None:

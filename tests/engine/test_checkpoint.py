@@ -154,6 +154,12 @@ def test_read_prompts_and_their_default(tmp_path):
     assert checkpoint.read(write_folder(tmp_path / "bare", {})).prompts == {}
 
 
+def test_pylate_prefixes_lead_the_query_and_document_prompts(tmp_path):
+    folder = write_folder(tmp_path, {"config_sentence_transformers.json": {
+        "prompts": {"query": "", "document": "passage: "}, "query_prefix": "[Q] ", "document_prefix": "[D] "}})
+    assert checkpoint.read(folder).prompts == {"query": "[Q] ", "document": "[D] passage: "}
+
+
 @pytest.mark.parametrize("cfg,named", [
     ({"prompts": {"q": "q: "}, "default_prompt_name": "query"}, "default_prompt_name 'query' is not one of its"),
     ({"prompts": {"q": 3}}, "'prompts' must map prompt names to strings"),

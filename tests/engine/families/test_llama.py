@@ -150,7 +150,8 @@ def test_bidirectional_flags_in_config():
 
 
 @pytest.mark.parametrize("rope, words", [
-    ({"rope_type": "yarn", "factor": 4.0}, "rope type 'yarn'"),
+    ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}, "yarn rope with attention factor"),
+    ({"rope_type": "yarn", "factor": 4.0}, "yarn rope needs factor and original_max_position_embeddings"),
     ({"rope_type": "dynamic", "factor": 2.0}, "rope type 'dynamic'"),
     ({"rope_type": "default", "partial_rotary_factor": 0.5}, "partial_rotary_factor"),
 ])
