@@ -31,7 +31,7 @@ def templates_dir() -> Path:
         spec = None
     if spec is not None and spec.submodule_search_locations:
         return Path(list(spec.submodule_search_locations)[0])
-    return Path(__file__).resolve().parent.parent / "templates"
+    return Path(__file__).resolve().parents[2] / "templates"  # engine/text/prompts.py -> the checkout
 
 
 @dataclass(frozen=True)
