@@ -45,6 +45,7 @@ from engine.types import (
     Timings,
 )
 from engine.compute.maxsim import maxsim_scores
+from engine.compute.normalize import check_dimensions, finish
 from engine.multimodal.inputs import InputBuilder, PreparedInput
 from engine.multimodal.pairs import PairBuilder, RerankSide
 from engine.runtime.worker import ImageWork, ItemResult, Runner, Worker
@@ -324,19 +325,18 @@ class Engine:
         return self._chat_tails[system]
 
     def embed_prompts(self, prompts: Sequence[Sequence[str | int] | ImageInput], *, truncate: bool | None = None,
-                      timeout_s: float = 3600, prompt_name: str | None = None,
-                      instruction: str | None = None, labels: Sequence[str] | None = None) -> EmbedResult:
+                      timeout_s: float = 3600, prompt_name: str | None = None, instruction: str | None = None,
+                      labels: Sequence[str] | None = None, embd_normalize: int = -1,
+                      dimensions: int | None = None) -> EmbedResult:
         """Tokenize llama-server prompts (text and token-id parts, see encode_prompt) in one batched call on
-        the caller's thread, then embed them with any images among them. Vectors are not normalized (callers
-        choose embd_normalize).
+        the caller's thread, then embed them with any images among them, finished as `embed` finishes them.
 
         A vision-language family builds every text or image input itself (engine/multimodal/inputs.py), receiving
         `instruction` or the text of `prompt_name` when it takes one; other families had those applied by
         format_prompts and ignore them here. Token-id prompts are embedded verbatim by every family. `labels`
         name the inputs in errors (default "input 0", "input 1", ...).
         """
-        info = self._require_embedder()
-        self.check_count(len(prompts))
+        info = self._embedding(len(prompts), dimensions)
         started = time.monotonic()
         inputs: list = list(prompts)  # replaced by their tokens (or prepared inputs) below
         if self._builder is not None:
@@ -348,7 +348,7 @@ class Engine:
         for i, ids in zip(texts, self.tokenizer.encode_prompts([prompts[i] for i in texts]), strict=True):
             inputs[i] = ids
         tokenize_s = time.monotonic() - started
-        result = self.embed(inputs, truncate=truncate, timeout_s=timeout_s, labels=labels)
+        result = self._embedded(inputs, info, truncate, timeout_s, labels, embd_normalize, dimensions)
         result.timings.tokenize_s += tokenize_s
         return result
 
@@ -403,15 +403,29 @@ class Engine:
         return parts
 
     def embed(self, token_lists: Sequence[list[int] | ImageInput | PreparedInput], *, truncate: bool | None = None,
-              timeout_s: float = 3600, labels: Sequence[str] | None = None) -> EmbedResult:
-        """Embed already tokenized inputs, images, and prepared vision-language inputs. Vectors are not
-        normalized (callers choose embd_normalize).
+              timeout_s: float = 3600, labels: Sequence[str] | None = None, embd_normalize: int = -1,
+              dimensions: int | None = None) -> EmbedResult:
+        """Embed already tokenized inputs, images, and prepared vision-language inputs. Each vector is finished
+        as a request asks (engine/compute/normalize.py): cut to its first `dimensions` components, then
+        normalized as llama's `embd_normalize` says (default -1: raw); per-token rows (pooling none) are cut
+        only, a multi-vector model's rows come as the model normalized them (it refuses `dimensions`).
 
         Images for an image tower are decoded and preprocessed here, on the caller's thread; a bad one raises
         InvalidImage naming its input index.
         """
+        info = self._embedding(len(token_lists), dimensions)
+        return self._embedded(token_lists, info, truncate, timeout_s, labels, embd_normalize, dimensions)
+
+    def _embedding(self, n_inputs: int, dimensions: int | None) -> ModelInfo:
+        """An embedding request's checks before any work: an embedder, a `dimensions` it takes, a count it queues."""
         info = self._require_embedder()
-        self.check_count(len(token_lists))
+        check_dimensions(dimensions, info.n_embd, info.multi_vector)
+        self.check_count(n_inputs)
+        return info
+
+    def _embedded(self, token_lists: Sequence[list[int] | ImageInput | PreparedInput], info: ModelInfo,
+                  truncate: bool | None, timeout_s: float, labels: Sequence[str] | None, embd_normalize: int,
+                  dimensions: int | None) -> EmbedResult:
         cut = self.options.truncate if truncate is None else truncate
         started = time.monotonic()
         if self._builder is not None:  # a vision-language family's images are built into its prompt format
@@ -423,8 +437,8 @@ class Engine:
         preprocess_s = time.monotonic() - started
         results, timings = self._serve(fitted, None, timeout_s)
         timings.tokenize_s += preprocess_s
-        return EmbedResult(vectors=[r.value for r in results], n_tokens=[_cost(item) for item in fitted],
-                           timings=timings)
+        return EmbedResult(vectors=[finish(r.value, embd_normalize, dimensions) for r in results],
+                           n_tokens=[_cost(item) for item in fitted], timings=timings)
 
     def _fit_prepared(self, label: str, prepared: PreparedInput, info: ModelInfo, truncate: bool) -> PreparedInput:
         """A built input within the per-input limit: a text-only one may be cut, one holding images may not
