@@ -11,10 +11,10 @@ from typing import TypeVar
 
 import numpy as np
 
-from engine import checkpoint
+from engine.checkpoint import Checkpoint
 from engine.runtime import blas, limits, malloc, shapes, threads
 from engine.compute import pooling
-from engine.loading import registry
+from engine.loading import formats, hub, registry
 from engine.errors import (
     EmptyInput,
     InvalidInput,
@@ -33,7 +33,7 @@ from engine.multimodal.images import ImageProcessor, InvalidImage, decode
 from engine.multimodal.qwen_images import QwenImageProcessor
 from engine.text.prompts import INSTRUCTION_TEMPLATES, RerankPrompt, choose_prompt, default_prompt_name, format_prompts, is_text
 from engine.runtime.scheduler import BatchLimits, warm_widths
-from engine.text.tokenizer import TextTokenizer, open_tokenizer
+from engine.text.tokenizer import TextTokenizer
 from engine.types import (
     EmbedResult,
     EngineOptions,
@@ -122,10 +122,10 @@ class Engine:
         started = time.monotonic()
         opts = self.options
         blas.set_budget(self._blas_threads)
-        ckpt = checkpoint.read(checkpoint.resolve(opts.model_path, opts.hf_repo, opts.offline, opts.hf_file),
-                               label=opts.model_path or "")
+        ckpt = formats.open_checkpoint(hub.resolve(opts.model_path, opts.hf_repo, opts.offline, opts.hf_file),
+                                       label=opts.model_path or "")
         rank_mode = opts.pooling is Pooling.RANK
-        kind = registry.kind_of(ckpt, rank=rank_mode)
+        kind = ckpt.format.kind_of(ckpt, rank=rank_mode)
         if rank_mode and kind == registry.EMBEDDER:
             raise UnsupportedCheckpoint(
                 f"{ckpt.path}: rank mode (--reranking / --pooling rank) needs a reranker checkpoint; "
@@ -139,10 +139,10 @@ class Engine:
         prompt_default = default_prompt_name(ckpt, opts.default_prompt_name) if embedder else None
         if embedder and ckpt.message_modality is not None:
             self._chat = ChatInputs(ckpt)
-        tokenizer = open_tokenizer(ckpt)
-        loaded = registry.load(ckpt, kind, opts.dtype)
+        tokenizer = ckpt.format.open_tokenizer(ckpt)
+        loaded = formats.load(ckpt, kind, opts.dtype)
         # a head that already gives probabilities (a Qwen3-Reranker GGUF's softmax): --rerank-sigmoid leaves it
-        self._probabilities = bool(getattr(loaded.model, "scores_are_probabilities", False))
+        self._probabilities = loaded.scores_are_probabilities
         if kind == registry.GENERATIVE_RERANKER:
             mode = Pooling.RANK
             if loaded.input_builder is not None:  # its prompts hold images (engine/multimodal/builders/<family>_reranker.py)
@@ -162,7 +162,7 @@ class Engine:
                         f"{ckpt.path}: the {loaded.family} family is multi-vector (one vector per token, scored "
                         f"by MaxSim); --pooling {opts.pooling.value} is not supported for it")
                 mode = Pooling.NONE
-            elif getattr(loaded.model, "pools_itself", False):  # its head decides; 1_Pooling does not apply
+            elif loaded.pools_itself:  # its head decides; 1_Pooling does not apply
                 if opts.pooling not in (None, loaded.default_pooling):
                     raise UnsupportedCheckpoint(
                         f"{ckpt.path}: the {loaded.family} family pools through its own head "
@@ -198,7 +198,7 @@ class Engine:
             widths=tuple(warm_widths(fitted.max_seq, fitted.fixed_width)),
             prompts=tuple(ckpt.prompts.items()) if embedder else (), default_prompt_name=prompt_default,
             instruction_template=INSTRUCTION_TEMPLATES.get(ckpt.model_type) if embedder else None,
-            file_format="gguf" if ckpt.gguf is not None else "safetensors", chat_template_inputs=self._chat is not None,
+            file_format=ckpt.format.name, chat_template_inputs=self._chat is not None,
             modalities=("text", "image") if (self._images, self._builder, self._pairs) != (None, None, None)
             else ("text",),
             image_tokens=loaded.image_tokens, image_token_bounds=token_bounds, vision_language=self._builder is not None,
@@ -212,7 +212,7 @@ class Engine:
         return runner, tokenizer.pad_id, fitted
 
     @classmethod
-    def _answer_tokens(cls, tokenizer: TextTokenizer, ckpt: checkpoint.Checkpoint) -> tuple[int, int]:
+    def _answer_tokens(cls, tokenizer: TextTokenizer, ckpt: Checkpoint) -> tuple[int, int]:
         """The (yes, no) token ids a generative reranker compares: its LogitScore module's, else "yes" and "no"
         as the tokenizer encodes them."""
         if ckpt.logit_score is None:
@@ -223,7 +223,7 @@ class Engine:
         return ckpt.logit_score
 
     @staticmethod
-    def _single_token(tokenizer: TextTokenizer, word: str, ckpt: checkpoint.Checkpoint) -> int:
+    def _single_token(tokenizer: TextTokenizer, word: str, ckpt: Checkpoint) -> int:
         ids = tokenizer.encode(word, add_special=False, parse_special=False)
         if len(ids) != 1:
             raise UnsupportedCheckpoint(f"{ckpt.path}: {word!r} is {len(ids)} tokens for this tokenizer; the yes/no "

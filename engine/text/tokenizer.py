@@ -158,15 +158,6 @@ class TextTokenizer:
         return int(fallback) if isinstance(fallback, int) else 0
 
 
-def open_tokenizer(checkpoint: Checkpoint) -> TextTokenizer:
-    """The checkpoint's tokenizer: tokenizer.json (or transformers' conversion), or a GGUF's own metadata."""
-    if checkpoint.gguf is not None:
-        from engine.loading.gguf.tokenizer import GGUFTokenizer
-
-        return GGUFTokenizer(checkpoint)
-    return TextTokenizer(checkpoint)
-
-
 def _load(checkpoint: Checkpoint) -> Tokenizer:
     path: Path = checkpoint.path / "tokenizer.json"
     if path.is_file():

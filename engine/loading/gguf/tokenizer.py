@@ -5,6 +5,7 @@ from collections.abc import Sequence
 
 from engine.checkpoint import Checkpoint
 from engine.loading.gguf import vocab
+from engine.loading.gguf.reader import GGUFFile
 from engine.text.tokenizer import TextTokenizer
 from engine.types import VocabType
 
@@ -12,8 +13,9 @@ _VOCAB_TYPES = {"bert": VocabType.WPM, "gpt2": VocabType.BPE, "llama": VocabType
 
 
 class GGUFTokenizer(TextTokenizer):
-    def __init__(self, checkpoint: Checkpoint):
-        meta = checkpoint.gguf.metadata
+    def __init__(self, checkpoint: Checkpoint, gguf: GGUFFile):
+        """`checkpoint`: the file `gguf` as read (engine/loading/gguf/format.py)."""
+        meta = gguf.metadata
         tok, self.rules = vocab.build(meta, str(checkpoint.path))
         super().__init__(checkpoint, tok)
         if self.rules.pad_id is not None:
