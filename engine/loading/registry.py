@@ -1,5 +1,5 @@
-"""Which family serves a config.json, as what kind of model, with what default pooling, and what a load gives
-(LoadedModel). The family file name is the registry."""
+"""Which family serves a config.json, as what kind of model, with what default pooling; what a load gives
+(LoadedModel) and the one pooling decision. The family file name is the registry."""
 from __future__ import annotations
 
 import importlib
@@ -174,3 +174,24 @@ def default_pooling(checkpoint: Checkpoint) -> Pooling:
         return Pooling.MEAN
     return ARCHITECTURE_DEFAULT_POOLING.get(checkpoint.architecture, Pooling.NONE)
 
+
+def choose_pooling(flag: Pooling | None, checkpoint: Checkpoint, loaded: LoadedModel) -> Pooling:
+    """The pooling a loaded model serves with, the one place it is decided: rank mode (--reranking) scores with
+    the reranker's head; a multi-vector family gives one vector per token and a family with its own pooling
+    heads pools through them (--pooling may only name what they do); any other embedder takes --pooling, else
+    the pooling its checkpoint stores, else its default (`loaded.default_pooling`, the format's and family's)."""
+    if flag is Pooling.RANK:
+        return flag
+    if loaded.multi_vector:  # one vector per token, projected and normalized by the family
+        if flag not in (None, Pooling.NONE):
+            raise UnsupportedCheckpoint(
+                f"{checkpoint.path}: the {loaded.family} family is multi-vector (one vector per token, scored "
+                f"by MaxSim); --pooling {flag.value} is not supported for it")
+        return Pooling.NONE
+    if loaded.pools_itself:  # its heads decide; 1_Pooling does not apply
+        if flag not in (None, loaded.default_pooling):
+            raise UnsupportedCheckpoint(
+                f"{checkpoint.path}: the {loaded.family} family pools through its own head "
+                f"({loaded.default_pooling.value}); --pooling {flag.value} is not supported for it")
+        return loaded.default_pooling
+    return flag or checkpoint.pooling or loaded.default_pooling

@@ -13,7 +13,6 @@ import numpy as np
 
 from engine.checkpoint import Checkpoint
 from engine.runtime import blas, limits, malloc, shapes, threads
-from engine.compute import pooling
 from engine.loading import formats, hub, registry
 from engine.errors import (
     EmptyInput,
@@ -143,8 +142,8 @@ class Engine:
         loaded = formats.load(ckpt, kind, opts.dtype)
         # a head that already gives probabilities (a Qwen3-Reranker GGUF's softmax): --rerank-sigmoid leaves it
         self._probabilities = loaded.scores_are_probabilities
+        mode = registry.choose_pooling(opts.pooling, ckpt, loaded)
         if kind == registry.GENERATIVE_RERANKER:
-            mode = Pooling.RANK
             if loaded.input_builder is not None:  # its prompts hold images (engine/multimodal/builders/<family>_reranker.py)
                 self._pairs = loaded.input_builder(ckpt, tokenizer)
                 token_bounds = bound_image_tokens(self._pairs, opts, loaded.family)
@@ -153,23 +152,8 @@ class Engine:
             yes_id, no_id = self._answer_tokens(tokenizer, ckpt)
             runner: Runner = GenerativeRerankPipeline(loaded.model, yes_id, no_id, tokenizer.pad_id)
         elif kind == registry.CROSS_ENCODER:
-            mode = Pooling.RANK
             runner = CrossEncoderPipeline(loaded.model)
         else:
-            if loaded.multi_vector:  # one vector per token, projected and normalized by the family
-                if opts.pooling not in (None, Pooling.NONE):
-                    raise UnsupportedCheckpoint(
-                        f"{ckpt.path}: the {loaded.family} family is multi-vector (one vector per token, scored "
-                        f"by MaxSim); --pooling {opts.pooling.value} is not supported for it")
-                mode = Pooling.NONE
-            elif loaded.pools_itself:  # its head decides; 1_Pooling does not apply
-                if opts.pooling not in (None, loaded.default_pooling):
-                    raise UnsupportedCheckpoint(
-                        f"{ckpt.path}: the {loaded.family} family pools through its own head "
-                        f"({loaded.default_pooling.value}); --pooling {opts.pooling.value} is not supported for it")
-                mode = loaded.default_pooling
-            else:
-                mode = pooling.resolve(opts.pooling, ckpt.pooling, loaded.default_pooling)
             runner = EmbeddingPipeline(loaded.model, mode, loaded.projection)
             if loaded.input_builder is not None:
                 self._builder = loaded.input_builder(ckpt, tokenizer)

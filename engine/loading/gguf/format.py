@@ -52,8 +52,7 @@ class GGUFFormat:
         stored = gguf.arch_value("pooling_type")
         if stored is not None and int(stored) not in _POOLING:
             raise UnsupportedCheckpoint(f"{path}: pooling_type {stored} is not supported")
-        # llama.cpp: no pooling_type means none (per-token vectors) unless --pooling says otherwise
-        pooling = _POOLING[int(stored)] if stored is not None else Pooling.NONE
+        pooling = _POOLING[int(stored)] if stored is not None else None
         return Checkpoint(
             path=path, config=config, pooling=None if pooling is Pooling.RANK else pooling,  # rank: the head's
             tokenizer_config=special_tokens(gguf.metadata, str(path)),
@@ -71,6 +70,7 @@ class GGUFFormat:
         """The same families, weights named by the file's map; identity counted as llama.cpp does."""
         model, trunk, name, projection = load.build(checkpoint, self.file, dtype)
         n_params, size = load.file_counts(self.file)
+        # llama.cpp: a file without a pooling_type gives per-token vectors unless --pooling says otherwise
         return registry.LoadedModel.of(model, trunk, projection=projection, family=name, kind=kind,
                                        n_params=n_params, size_bytes=size, ftype=load.ftype(self.file),
                                        default_pooling=Pooling.NONE,
