@@ -108,7 +108,7 @@ def test_images_are_decoded_and_preprocessed_off_the_engine_thread(engine, monke
             return function(*args, **kwargs)
         return recorded
 
-    builder = type(engine._builder)
+    builder = type(engine._model.builder)
     monkeypatch.setattr("engine.runtime.engine.decode", spy("decode", images_module.decode))
     monkeypatch.setattr(builder, "build", spy("build", builder.build))
     monkeypatch.setattr(pipeline_module, "to_device", spy("model", pipeline_module.to_device))
