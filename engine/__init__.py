@@ -9,9 +9,9 @@ blas.bind()
 malloc.keep_freed_memory()
 
 from engine import errors  # noqa: E402
-from engine.checkpoint import default_model  # noqa: E402
 from engine.compute.normalize import check_dimensions, normalize_embedding  # noqa: E402
 from engine.compute.maxsim import maxsim  # noqa: E402
+from engine.loading.hub import default_model  # noqa: E402
 from engine.offline import Encoder, Reranker  # noqa: E402
 from engine.resources import data_folder  # noqa: E402
 from engine.runtime.residency import Lease, Residency  # noqa: E402

@@ -46,7 +46,7 @@ class EmbeddingPipeline(Pipeline):
         self.model = model
         self.pooling = pooling
         self.projection = projection
-        self.pools_itself = bool(getattr(model, "pools_itself", False))  # the family's own head gives [B, D]
+        self.pools_itself = model.pools_itself  # the family's own head gives [B, D] (engine/families/base.py Trunk)
 
     def launch(self, ids: np.ndarray, mask: np.ndarray, type_ids: np.ndarray, lengths: list[int]) -> Collect:
         """[B, W] right-padded -> one float32 vector [D] per row ([n_i, D] for pooling none)."""

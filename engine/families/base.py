@@ -25,9 +25,17 @@ class BaseModelArgs:
 
 
 class Trunk(nn.Module):
-    """A family's token ids -> hidden states module; what the engine reads off it comes from its args."""
+    """A family's token ids -> hidden states module. What the engine reads off it: its width and position
+    capacity (from its args, unless the family says otherwise), and what it declares below; the defaults are a
+    plain text trunk's, and a family overrides what differs (as class attributes or properties)."""
 
     args: BaseModelArgs
+    multi_vector: bool = False  # one L2-normalized vector per token (late interaction), projected by the family
+    projection_prefix: str | None = None  # a multi-vector family: where a 1_Dense folder's projection goes
+    pools_itself: bool = False  # its own heads give one vector per input: the engine's pooling does not apply
+    fixed_width: int | None = None  # every row padded to this many tokens (a family trained on one width)
+    image_size: int | None = None  # the square image side its vision tower takes; None: no tower (text only)
+    image_tokens: int = 0  # what one image counts as in usage and batch budgets (its patches)
 
     @property
     def hidden_size(self) -> int:

@@ -26,7 +26,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from engine.errors import UnsupportedCheckpoint
-from engine.families.base import BaseModelArgs, activation, attention, padding_mask, split_heads, trunk_weights
+from engine.families.base import BaseModelArgs, Trunk, activation, attention, padding_mask, split_heads, trunk_weights
 
 # activation_function -> the gate's activation (base.activation names): fc2(fc11(x) * act(fc12(x))).
 _GATES = {"swiglu": "silu", "geglu": "gelu"}
@@ -266,7 +266,7 @@ class NomicBertEncoder(nn.Module):
         return x
 
 
-class Model(nn.Module):
+class Model(Trunk):
     """The trunk: token ids -> final hidden states [B, L, D]."""
 
     def __init__(self, args: ModelArgs):

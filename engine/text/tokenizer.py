@@ -158,13 +158,16 @@ class TextTokenizer:
         return int(fallback) if isinstance(fallback, int) else 0
 
 
-def open_tokenizer(checkpoint: Checkpoint) -> TextTokenizer:
-    """The checkpoint's tokenizer: tokenizer.json (or transformers' conversion), or a GGUF's own metadata."""
-    if checkpoint.gguf is not None:
-        from engine.loading.gguf.tokenizer import GGUFTokenizer
-
-        return GGUFTokenizer(checkpoint)
-    return TextTokenizer(checkpoint)
+def longest_first(query: list[int], document: list[int], budget: int) -> tuple[list[int], list[int]]:
+    """A query's and a document's tokens cut to `budget` together, a token at a time from whichever is longer
+    (the document on a tie), as transformers' longest-first truncation does."""
+    q, d = len(query), len(document)
+    while q + d > max(budget, 0):
+        if d >= q:
+            d -= 1
+        else:
+            q -= 1
+    return query[:q], document[:d]
 
 
 def _load(checkpoint: Checkpoint) -> Tokenizer:

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from engine.compute.normalize import finish
 from engine.errors import EmptyInput, InputTooLong, InvalidInput, InvalidTokens, TooManyInputs
 from engine.text.prompts import format_prompts
 from engine.types import EmbedResult, ImageInput, ModelInfo, Pooling, RerankResult, Timings, VocabType
@@ -106,11 +107,13 @@ class FakeEngine:
         return " ".join(self._words.get(t, "?") for t in ids)
 
     def embed_prompts(self, prompts: Sequence[Sequence[str | int]], *, truncate: bool | None = None,
-                      timeout_s: float = 3600) -> EmbedResult:
-        return self.embed([self.encode_prompt(parts) for parts in prompts], truncate=truncate, timeout_s=timeout_s)
+                      timeout_s: float = 3600, embd_normalize: int = -1, dimensions: int | None = None) -> EmbedResult:
+        return self.embed([self.encode_prompt(parts) for parts in prompts], truncate=truncate, timeout_s=timeout_s,
+                          embd_normalize=embd_normalize, dimensions=dimensions)
 
-    def embed(self, token_lists: list[list[int]], *, truncate: bool | None = None,
-              timeout_s: float = 3600) -> EmbedResult:
+    def embed(self, token_lists: list[list[int]], *, truncate: bool | None = None, timeout_s: float = 3600,
+              embd_normalize: int = -1, dimensions: int | None = None) -> EmbedResult:
+        """Vectors finished as the engine finishes them (engine.compute.normalize.finish)."""
         self.embed_calls.append({"token_lists": token_lists, "truncate": truncate, "timeout_s": timeout_s})
         if self.info.is_reranker:  # the engine's own words
             raise InvalidInput("this server runs a reranker (rank pooling): it serves /rerank, not embeddings")
@@ -125,7 +128,8 @@ class FakeEngine:
                 raise InputTooLong(len(ids), self.info.max_input_tokens, self.limit_kind)
         kept = [ids[: self.info.max_input_tokens] for ids in token_lists]
         make = token_rows if self.info.pooling is Pooling.NONE else pooled_vector
-        vectors = [make(ids) if self.fixed_vector is None else self.fixed_vector for ids in kept]
+        vectors = [finish(make(ids) if self.fixed_vector is None else self.fixed_vector, embd_normalize, dimensions)
+                   for ids in kept]
         self.counters["prompt_tokens_total"] += sum(map(len, kept))
         self.counters["prompt_seconds_total"] += 0.5
         self.counters["n_decode_total"] += 1

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from engine import checkpoint
-from engine.loading import registry
+from engine.loading import formats, registry
 from engine.errors import UnsupportedCheckpoint
 
 ST_POOLING = {"1_Pooling/config.json": {"pooling_mode_lasttoken": True}}
@@ -23,7 +23,7 @@ def folder(root: Path, config: dict, files: dict | None = None) -> checkpoint.Ch
         target = root / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(json.dumps(content), encoding="utf-8")
-    return checkpoint.read(root)
+    return formats.open_checkpoint(root)
 
 
 @pytest.mark.parametrize("model_type,arch,kind", [

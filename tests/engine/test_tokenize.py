@@ -6,7 +6,8 @@ import shutil
 import pytest
 from tokenizers import Tokenizer
 
-from engine import VocabType, checkpoint
+from engine import VocabType
+from engine.loading import formats
 from engine.text.tokenizer import TextTokenizer
 
 CLS, SEP, PAD = 101, 102, 0
@@ -16,7 +17,7 @@ TEXTS = ["hello", "Hello World!", "unaffable antidisestablishmentarianism", "Caf
 
 @pytest.fixture(scope="module")
 def tok(minilm_path):
-    return TextTokenizer(checkpoint.read(minilm_path))
+    return TextTokenizer(formats.open_checkpoint(minilm_path))
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +117,7 @@ def test_encode_pair_matches_transformers(tok, hf_tok):
 def test_checkpoint_without_tokenizer_json_is_converted(tmp_path, minilm_path, tok):
     for name in ("config.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json"):
         shutil.copy(minilm_path / name, tmp_path / name)
-    converted = TextTokenizer(checkpoint.read(tmp_path))
+    converted = TextTokenizer(formats.open_checkpoint(tmp_path))
     assert converted.n_vocab == tok.n_vocab
     assert converted.trailing_specials == [SEP]
     for text in TEXTS:

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-from engine import Pooling, checkpoint
-from engine.loading import registry, weights
+from engine import Pooling
+from engine.loading import formats, weights
 from engine.errors import UnsupportedCheckpoint
 from tests.engine.families.decoder_fixture import MIN_COSINE, TEXTS, reference_hidden, save_random, token_lists
 from tests.engine.families.test_gemma3_text import GEMMA, save_sentence_transformer
@@ -31,7 +31,7 @@ def quantize_folder(src: Path, out: Path, bits: int, keep_float: tuple[str, ...]
 
     keep_float: layer paths left unquantized (mlx-lm's per-layer `false`). Returns every quantized layer's
     dequantized weight by its `model.` key, for the reference."""
-    loaded = registry.load(checkpoint.read(src))
+    loaded = formats.load(formats.open_checkpoint(src))
     tensors = dict(tree_flatten(loaded.model.parameters()))
     if loaded.projection is not None:
         tensors.update({k: v for k, v in tree_flatten(loaded.projection.parameters())})
@@ -97,7 +97,7 @@ def test_quantized_llama_matches_transformers_on_its_dequantized_weights(llama_f
     # the float model is visibly different: the comparison above checks the quantized arithmetic
     float_ref = load_hf_model(src, "AutoModelForCausalLM")
     assert min(cosine(a, b) for a, b in zip(ours[2], reference_hidden(float_ref, lists[2]))) < MIN_COSINE
-    float_info = registry.load(checkpoint.read(src))
+    float_info = formats.load(formats.open_checkpoint(src))
     assert info.ftype == f"MLX_Q{bits}_G{GROUP}/F32"
     assert info.n_params == float_info.n_params  # the values it encodes, not packed words
     assert info.size_bytes < float_info.size_bytes * (0.3 if bits == 4 else 0.45)
@@ -106,7 +106,7 @@ def test_quantized_llama_matches_transformers_on_its_dequantized_weights(llama_f
 def test_layers_kept_float_stay_float(llama_float, tmp_path):
     src = llama_float
     quantize_folder(src, tmp_path / "mixed", 4, keep_float=("model.layers.0.mlp.down_proj",))
-    model = registry.load(checkpoint.read(tmp_path / "mixed")).model
+    model = formats.load(formats.open_checkpoint(tmp_path / "mixed")).model
     assert isinstance(model.model.layers[0].mlp.down_proj, nn.Linear)
     assert isinstance(model.model.layers[1].mlp.down_proj, nn.QuantizedLinear)
     assert isinstance(model.model.embed_tokens, nn.QuantizedEmbedding)
@@ -152,7 +152,7 @@ def test_compute_dtype_is_float32_on_a_cpu_unless_forced(llama_float):
     assert weights.compute_dtype("float16", half) == mx.float16
     with pytest.raises(UnsupportedCheckpoint, match="'float8'"):
         weights.compute_dtype("float8", half)
-    loaded = registry.load(checkpoint.read(llama_float), dtype="bfloat16")
+    loaded = formats.load(formats.open_checkpoint(llama_float), dtype="bfloat16")
     assert loaded.model.model.layers[0].self_attn.q_proj.weight.dtype == mx.bfloat16
     assert loaded.ftype == "F32"  # what the checkpoint stores, not what it computes in
 

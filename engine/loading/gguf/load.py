@@ -12,6 +12,7 @@ from mlx.utils import tree_flatten
 
 from engine.checkpoint import Checkpoint
 from engine.errors import UnsupportedCheckpoint
+from engine.families.base import Trunk
 from engine.loading.gguf.arch import for_architecture
 from engine.loading.heads import Projection
 from engine.loading.weights import compute_dtype, materialize
@@ -47,10 +48,10 @@ def tensor(gguf: GGUFFile, name: str) -> mx.array:
     return mx.array(values)
 
 
-def build(checkpoint: Checkpoint, dtype: str = "auto") -> tuple[nn.Module, nn.Module, str, Projection | None]:
-    """(model, trunk, family name, Dense projection or None); the model is the trunk itself, or the rank head
-    around it. dtype: the compute dtype (--dtype; auto: float32 on a CPU), block formats dequantized to it."""
-    gguf: GGUFFile = checkpoint.gguf
+def build(checkpoint: Checkpoint, gguf: GGUFFile, dtype: str = "auto") -> tuple[nn.Module, Trunk, str, Projection | None]:
+    """(model, trunk, family name, Dense projection or None) for the file `gguf` read as `checkpoint`; the model
+    is the trunk itself, or the rank head around it. dtype: the compute dtype (--dtype; auto: float32 on a CPU),
+    block formats dequantized to it."""
     mapping = for_architecture(gguf.architecture, str(checkpoint.path))
     family = importlib.import_module(f"engine.families.{mapping.FAMILY}")
     trunk = family.Model(family.ModelArgs.from_dict(checkpoint.config))
