@@ -158,7 +158,7 @@ def test_read_prompts_and_their_default(tmp_path):
 def test_pylate_prefixes_lead_the_query_and_document_prompts(tmp_path):
     folder = write_folder(tmp_path, {"config_sentence_transformers.json": {
         "prompts": {"query": "", "document": "passage: "}, "query_prefix": "[Q] ", "document_prefix": "[D] "}})
-    assert checkpoint.read(folder).prompts == {"query": "[Q] ", "document": "[D] passage: "}
+    assert formats.open_checkpoint(folder).prompts == {"query": "[Q] ", "document": "[D] passage: "}
 
 
 @pytest.mark.parametrize("cfg,named", [

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from engine import checkpoint
-from engine.loading import formats, registry
+from engine.loading import formats, hub, registry, safetensors
 from engine.errors import UnsupportedCheckpoint
 
 ST_POOLING = {"1_Pooling/config.json": {"pooling_mode_lasttoken": True}}
@@ -137,8 +137,8 @@ def test_custom_code_of_an_unknown_class_is_refused_by_name(tmp_path, model_type
 def test_an_adapter_folder_is_refused_with_the_merge_instruction(tmp_path):
     (tmp_path / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA"}), encoding="utf-8")
     (tmp_path / "adapter_model.safetensors").write_bytes(b"")
-    for reader in (lambda: checkpoint.resolve(str(tmp_path), None, True),  # no config.json (LLM2Vec, colSmol)
-                   lambda: folder(tmp_path, {"model_type": "bert"}).weight_files()):  # beside a base config.json
+    for reader in (lambda: hub.resolve(str(tmp_path), None, True),  # no config.json (LLM2Vec, colSmol)
+                   lambda: safetensors.weight_files(folder(tmp_path, {"model_type": "bert"}).path)):  # beside a config
         with pytest.raises(UnsupportedCheckpoint) as err:
             reader()
         assert "a PEFT adapter" in str(err.value)

@@ -12,9 +12,9 @@ from pathlib import Path
 import mlx.core as mx
 import pytest
 
-from engine import Pooling, checkpoint
+from engine import Pooling
 from engine.families import distilbert
-from engine.loading import registry
+from engine.loading import formats, registry
 from tests.engine.families.decoder_fixture import (
     MIN_COSINE,
     check_batch_invariant,
@@ -99,7 +99,7 @@ def _matches(ours, expected):
 
 def test_bare_mlm_is_a_distilbert_embedder_with_mean_pooling(mlm):
     folder, _ = mlm
-    ckpt = checkpoint.read(folder)
+    ckpt = formats.open_checkpoint(folder)
     assert (registry.family_name(ckpt), registry.kind_of(ckpt)) == ("distilbert", registry.EMBEDDER)
     assert registry.default_pooling(ckpt) is Pooling.MEAN
     eng = start_engine(folder)

@@ -10,9 +10,9 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from engine import Pooling, checkpoint
+from engine import Pooling
 from engine.families import eurobert
-from engine.loading import registry
+from engine.loading import formats, registry
 from tests.engine.families.decoder_fixture import (
     LONG_TEXTS,
     MIN_COSINE,
@@ -43,7 +43,7 @@ def engine(encoder):
 
 
 def test_detected_as_a_mean_pooled_encoder(encoder, engine):
-    ckpt = checkpoint.read(encoder[0])
+    ckpt = formats.open_checkpoint(encoder[0])
     assert registry.kind_of(ckpt) == registry.EMBEDDER and registry.default_pooling(ckpt) is Pooling.MEAN
     assert not eurobert.ModelArgs.from_dict(ckpt.config).causal
     assert (engine.info.family, engine.info.pooling, engine.info.n_embd) == ("eurobert", Pooling.MEAN, 64)
@@ -68,7 +68,7 @@ def test_batch_invariant(encoder, engine):
 
 def test_masked_lm_export_is_the_same_trunk(tmp_path):
     folder, model = save_random(tmp_path / "mlm", "EuroBertForMaskedLM", "EuroBertConfig", seed=32, **SETTINGS)
-    loaded = registry.load(checkpoint.read(folder))
+    loaded = formats.load(formats.open_checkpoint(folder))
     assert "lm_head" not in loaded.model and loaded.default_pooling is Pooling.MEAN
     ids = token_lists(folder, LONG_TEXTS[-2:])
     width = max(map(len, ids))

@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from engine import Pooling, checkpoint
+from engine import Pooling
 from engine.errors import UnsupportedCheckpoint
 from engine.families import jina_embeddings_v3 as jina
-from engine.loading import registry
+from engine.loading import formats, registry
 from tests.engine.families.decoder_fixture import pooled_layout, token_vectors, write_files
 from tests.engine.helpers import cosine, hf_hidden, perturb_vectors, start_engine, torch, with_minilm_tokenizer
 
@@ -62,7 +62,7 @@ def token_lists(eng) -> list[list[int]]:
 
 def test_transformers_layout_matches_tokens_pooling_and_batch(hf):
     folder, model = hf
-    ckpt = checkpoint.read(folder)
+    ckpt = formats.open_checkpoint(folder)
     assert registry.family_name(ckpt) == "jina_embeddings_v3" and registry.kind_of(ckpt) == registry.EMBEDDER
     for ids, got in zip(*token_vectors(folder, TEXTS), strict=True):
         expected = hf_hidden(model, ids)
@@ -151,7 +151,7 @@ def test_remote_layout_with_its_task_adapter_merged(hf, tmp_path, task):
     merged = remote_layout(folder, model, tmp_path / "remote", task)
     reference = transformers.JinaEmbeddingsV3Model(model.config).eval()
     reference.load_state_dict({k: t.from_numpy(np.ascontiguousarray(v)) for k, v in merged.items()}, strict=False)
-    assert registry.family_name(checkpoint.read(tmp_path / "remote")) == "jina_embeddings_v3"
+    assert registry.family_name(formats.open_checkpoint(tmp_path / "remote")) == "jina_embeddings_v3"
     lists, ours = token_vectors(tmp_path / "remote", TEXTS)
     for ids, got in zip(lists, ours, strict=True):
         expected = hf_hidden(reference, ids)

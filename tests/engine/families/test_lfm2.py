@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from engine import Pooling, checkpoint
+from engine import Pooling
 from engine.errors import UnsupportedCheckpoint
 from engine.families import lfm2
-from engine.loading import registry
+from engine.loading import formats, registry
 from tests.engine.families.decoder_fixture import (
     LONG_TEXTS,
     MIN_COSINE,
@@ -193,8 +193,8 @@ def test_bare_bidirectional_export_mean_pools(embedding, tmp_path):
     folder, _ = embedding
     for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
         (tmp_path / name).symlink_to(folder / name)
-    assert registry.default_pooling(checkpoint.read(tmp_path)) is Pooling.MEAN
-    assert registry.kind_of(checkpoint.read(tmp_path)) == registry.EMBEDDER
+    assert registry.default_pooling(formats.open_checkpoint(tmp_path)) is Pooling.MEAN
+    assert registry.kind_of(formats.open_checkpoint(tmp_path)) == registry.EMBEDDER
 
 
 # pylate's ColBERT layout: no Pooling, a bias-free Identity Dense 64 -> 16 applied to every token, MaxSim
@@ -227,7 +227,7 @@ def colbert_reference(ref, weight: np.ndarray, ids: list[int]) -> np.ndarray:
 
 def test_colbert_is_multi_vector_and_matches_the_reference(colbert):
     folder, ref, weight = colbert
-    loaded = registry.load(checkpoint.read(folder))
+    loaded = formats.load(formats.open_checkpoint(folder))
     assert isinstance(loaded.model, lfm2.ColBERT) and loaded.multi_vector and loaded.hidden_size == COLBERT_DIM
     lists = token_lists(folder, LONG_TEXTS)
     eng = start_engine(folder)

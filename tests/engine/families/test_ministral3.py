@@ -14,10 +14,10 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from engine import Pooling, checkpoint
+from engine import Pooling
 from engine.errors import UnsupportedCheckpoint
 from engine.families import ministral3
-from engine.loading import registry
+from engine.loading import formats, registry
 from tests.engine.families.decoder_fixture import (
     LONG_TEXTS,
     MIN_COSINE,
@@ -59,7 +59,7 @@ def engine(nemotron):
 
 
 def test_detected_as_a_bidirectional_mean_pooled_embedder(nemotron, engine):
-    ckpt = checkpoint.read(nemotron[0])
+    ckpt = formats.open_checkpoint(nemotron[0])
     assert registry.kind_of(ckpt) == registry.EMBEDDER and registry.family_name(ckpt) == "ministral3"
     assert registry.default_pooling(ckpt) is Pooling.MEAN
     info = engine.info
@@ -67,7 +67,7 @@ def test_detected_as_a_bidirectional_mean_pooled_embedder(nemotron, engine):
                                                                            "Ministral3Model")
     args = ministral3.ModelArgs.from_dict(json.loads((nemotron[0] / "config.json").read_text()))
     assert not args.causal and (args.attn_scale_beta, args.attn_scale_window) == (0.1, 32)
-    assert "lm_head" not in registry.load(ckpt).model
+    assert "lm_head" not in formats.load(ckpt).model
 
 
 def test_tokens_match_transformers_bidirectional(nemotron):

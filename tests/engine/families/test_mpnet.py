@@ -19,9 +19,9 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from engine import Pooling, checkpoint
+from engine import Pooling
 from engine.families import mpnet
-from engine.loading import registry
+from engine.loading import formats, registry
 from tests.conftest import minilm_dir
 from tests.engine.families.decoder_fixture import MIN_COSINE, check_batch_invariant, check_tokens_match, token_lists
 from tests.engine.helpers import (
@@ -115,7 +115,7 @@ def engine(st_folder):
 
 
 def test_detected_as_an_mpnet_embedder_with_its_pooling(st_folder, engine):
-    ckpt = checkpoint.read(st_folder)
+    ckpt = formats.open_checkpoint(st_folder)
     assert registry.family_name(ckpt) == "mpnet" and registry.kind_of(ckpt) == registry.EMBEDDER
     assert ckpt.module_types == ("Transformer", "Pooling", "Normalize")
     info = engine.info

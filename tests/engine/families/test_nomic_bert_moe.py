@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from engine import Pooling, checkpoint
+from engine import Pooling
 from engine.families import nomic_bert
-from engine.loading import registry
+from engine.loading import formats, registry
 from tests.engine.families.decoder_fixture import pooled_layout, token_vectors, write_files
 from tests.engine.helpers import cosine, start_engine, torch, with_minilm_tokenizer
 
@@ -151,7 +151,7 @@ def lists(eng, prefix: str = "") -> list[list[int]]:
 
 
 def test_layers_alternate_dense_and_experts(moe, engine):
-    model = registry.load(checkpoint.read(moe[0])).model
+    model = formats.load(formats.open_checkpoint(moe[0])).model
     kinds = [type(layer.mlp).__name__ for layer in model.encoder.layers]
     assert kinds == ["NomicBertMLP", "NomicMoELayer", "NomicBertMLP", "NomicMoELayer"]
     assert (engine.info.family, engine.info.pooling, engine.info.n_embd) == ("nomic_bert", Pooling.MEAN, D)

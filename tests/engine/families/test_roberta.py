@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine import Pooling, checkpoint
-from engine.loading import registry
+from engine import Pooling
+from engine.loading import formats, registry
 from tests.engine.families.decoder_fixture import (
     MIN_COSINE,
     check_batch_invariant,
@@ -118,12 +118,12 @@ def reranker(variant, tmp_path_factory):
 
 def test_detected_as_its_own_family(variant, reranker):
     family, folder, eng, _ = variant
-    ckpt = checkpoint.read(folder)
+    ckpt = formats.open_checkpoint(folder)
     assert (registry.family_name(ckpt), registry.kind_of(ckpt), registry.default_pooling(ckpt)) == (
         family, registry.EMBEDDER, Pooling.MEAN)
     assert (eng.info.family, eng.info.kind, eng.info.pooling, eng.info.n_embd) == (family, "embedder", Pooling.MEAN, 64)
     assert eng.info.n_ctx_train == 514 - 1 - eng.tokenizer.pad_id  # positions start after the pad id
-    assert registry.kind_of(checkpoint.read(reranker[0]), rank=True) == registry.CROSS_ENCODER
+    assert registry.kind_of(formats.open_checkpoint(reranker[0]), rank=True) == registry.CROSS_ENCODER
     assert reranker[1].info.family == family and reranker[1].info.kind == "cross-encoder"
 
 

@@ -17,10 +17,10 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from engine import Pooling, checkpoint
+from engine import Pooling
 from engine.errors import UnsupportedCheckpoint
 from engine.families import t5
-from engine.loading import registry
+from engine.loading import formats, registry
 from tests.engine.families.decoder_fixture import (
     MIN_COSINE,
     check_batch_invariant,
@@ -102,14 +102,14 @@ def _matches(ours, expected):
 
 def test_detected_as_a_t5_embedder_with_its_modules(sentence_t5):
     _, _, folder, eng = sentence_t5
-    ckpt = checkpoint.read(folder)
+    ckpt = formats.open_checkpoint(folder)
     assert (registry.family_name(ckpt), registry.kind_of(ckpt)) == ("t5", registry.EMBEDDER)
     assert ckpt.module_types == ("Transformer", "Pooling", "Dense", "Normalize")
     assert json.loads((folder / "2_Dense" / "config.json").read_text())["bias"] is False
     info = eng.info
     assert (info.family, info.architecture, info.pooling, info.n_embd, info.n_ctx_train) == (
         "t5", "T5EncoderModel", Pooling.MEAN, 64, 512)
-    loaded = registry.load(ckpt)
+    loaded = formats.load(ckpt)
     assert "bias" not in loaded.projection.dense[0]  # the bias-free Dense loads without one
     assert loaded.projection.activations[0](mx.array([-2.0])).item() == -2.0  # Identity
 
