@@ -16,6 +16,8 @@ import falcon
 import falcon.inspect
 
 from compat.middleware import PUBLIC_PATHS, normalize_prefix
+from compat.openapi_ollama import OPERATIONS as OLLAMA_OPERATIONS
+from compat.openapi_ollama import SCHEMAS as OLLAMA_SCHEMAS
 from compat.wire.inputs import MAX_JSON_DEPTH
 
 if TYPE_CHECKING:
@@ -163,6 +165,7 @@ def _schemas(settings: Settings) -> dict[str, Schema]:
         "Slots": {"type": "array", "items": {
             "type": "object", "required": ["id", "n_ctx", "is_processing"],
             "properties": {"id": _INT, "n_ctx": _INT, "speculative": _BOOL, "is_processing": _BOOL}}},
+        **OLLAMA_SCHEMAS,
     }
 
 
@@ -235,6 +238,7 @@ _OPERATIONS: dict[str, dict[str, Schema]] = {
     "/metrics": {"get": {"summary": "Prometheus metrics (needs --metrics)",
                          "responses": _ok(_STRING, media="text/plain")}},
     "/openapi.json": {"get": {"summary": "this document", "responses": _ok({"type": "object"})}},
+    **OLLAMA_OPERATIONS,  # Ollama's /api/... routes
     **{path: _NOT_SERVED for path in ("/completion", "/completions", "/v1/completions", "/chat/completions",
                                       "/v1/chat/completions", "/infill", "/v1/responses", "/v1/messages",
                                       "/apply-template")},

@@ -94,6 +94,8 @@ class ModelInfo:
     image_token_bounds: tuple[int, int] | None = None  # dynamic-resolution images: fewest and most tokens of one
     vision_language: bool = False  # text and images interleaved in one input, fed to a decoder (engine/multimodal/inputs.py)
     multi_vector: bool = False  # late interaction: one L2-normalized vector per token, scored by MaxSim
+    # whether the checkpoint's sentence-transformers modules end in Normalize; None when it does not say (GGUF)
+    normalize_module: bool | None = None
 
     @property
     def is_reranker(self) -> bool:

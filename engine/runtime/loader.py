@@ -113,7 +113,8 @@ def load(opts: EngineOptions, lanes: int, blas_threads: int) -> tuple[Runner, Se
         file_format=ckpt.format.name, chat_template_inputs=chat is not None,
         modalities=("text", "image") if (images, builder, pairs) != (None, None, None) else ("text",),
         image_tokens=loaded.image_tokens, image_token_bounds=token_bounds, vision_language=builder is not None,
-        multi_vector=loaded.multi_vector)
+        multi_vector=loaded.multi_vector,
+        normalize_module=None if ckpt.format.name == "gguf" else "Normalize" in ckpt.module_types)
     log.info("loaded %s (%s, %s, %s) in %.2f s: pooling %s, %d params, per-input limit %d tokens, "
              "batches of up to %d rows / %d tokens, %d lanes sharing %d BLAS threads, BLAS: %s; %s",
              ckpt.path, ckpt.model_type, ckpt.architecture or "-", loaded.kind, time.monotonic() - started,
