@@ -1,0 +1,110 @@
+"""GGUF architectures written here with the gguf package's GGUFWriter (the converter convert_hf_to_gguf.py is not
+on this machine; the gguf package is its tensor-name and metadata-key half), from tiny random transformers models,
+named and keyed as llama.cpp's converter writes that architecture: ids equal the HF tokenizer's and the real
+llama-server's on the same file, vectors equal transformers' and llama-server's."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.engine.helpers import cosine, hf_hidden, perturb_vectors, torch
+from tests.engine.test_gguf_written import add_bpe_vocabulary, embed_texts, finish
+
+gguf = pytest.importorskip("gguf")
+
+# texts for a byte-level BPE: digits (split one by one or in threes by the pre-tokenizer), newlines, contractions
+DECODER_TEXTS = ["hello", "What is the capital of China? The capital of China is Beijing.",
+                 "Gravity is a force. " * 6, "Café, naïve, 東京, 🙂 and 1234567 numbers!",
+                 "def f(x):\n    return x ** 2  # square\n\n", "it's yes no maybe " * 5 + "Explain gravity."]
+QWEN2_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+               r"|\s+(?!\S)|\s+")
+
+
+def gguf_name(key: str, names: dict[str, str]) -> str:
+    """A transformers state-dict key -> its GGUF tensor name, through gguf's own TensorNameMap (the converter's)."""
+    base, kind = key.rsplit(".", 1)
+    name = names.get_name(base)
+    assert name is not None, key
+    return f"{name}.{kind}"
+
+
+def name_map(arch: str, layers: int):
+    arch_id = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch)
+    return gguf.get_tensor_name_map(arch_id, layers)
+
+
+def add_tensors(writer, state: dict[str, np.ndarray], arch: str, layers: int, f16: bool = True) -> None:
+    """Every weight under its converter name; 2-D ones in F16 (as --outtype f16), vectors F32."""
+    names = name_map(arch, layers)
+    for key, value in state.items():
+        value = value.astype(np.float16 if f16 and value.ndim == 2 else np.float32)
+        writer.add_tensor(gguf_name(key, names), value)
+
+
+def qwen_tokenizer():
+    """decoder_fixture's byte-level BPE with Qwen2's own pre-tokenizer regex (one digit per piece) and
+    `<|endoftext|>` appended, as gte-Qwen2's tokenizer does."""
+    from tokenizers import Regex, pre_tokenizers
+
+    from tests.engine.families.decoder_fixture import tokenizer
+
+    tok = tokenizer(append_eos=True)
+    tok.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_REGEX), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    return tok
+
+
+def write_qwen2_gguf(path: Path):
+    """A tiny random Qwen2Model (gte-Qwen2's layout: biased q/k/v, GQA, last-token pooling on the appended
+    `<|endoftext|>`) as the converter writes `qwen2`. Returns (transformers model, HF tokenizer)."""
+    t = torch()
+    from transformers import Qwen2Config, Qwen2Model
+
+    from tests.engine.families.qwen3_fixture import QWEN3_SPECIALS
+
+    tok = qwen_tokenizer()
+    t.manual_seed(4)
+    config = Qwen2Config(vocab_size=len(tok), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, intermediate_size=96, max_position_embeddings=512,
+                         rope_theta=1_000_000.0, initializer_range=0.1)
+    model = Qwen2Model(config).eval()
+    perturb_vectors(model, 4)
+    writer = gguf.GGUFWriter(str(path), "qwen2")
+    writer.add_context_length(512)
+    writer.add_embedding_length(64)
+    writer.add_block_count(2)
+    writer.add_feed_forward_length(96)
+    writer.add_head_count(4)
+    writer.add_head_count_kv(2)
+    writer.add_rope_freq_base(1_000_000.0)
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    writer.add_pooling_type(gguf.PoolingType.LAST)
+    vocab = add_bpe_vocabulary(writer, tok, "qwen2", QWEN3_SPECIALS)
+    writer.add_eos_token_id(vocab["<|endoftext|>"])
+    writer.add_pad_token_id(vocab["<|endoftext|>"])
+    writer.add_bos_token_id(vocab["<|endoftext|>"])
+    writer.add_add_bos_token(False)
+    writer.add_add_eos_token(True)
+    add_tensors(writer, {k: v.numpy() for k, v in model.state_dict().items()}, "qwen2", 2)
+    finish(writer)
+    return model, tok
+
+
+def test_qwen2_gguf_ids_and_vectors_equal_transformers_and_llama_server(tmp_path):
+    from tests.peer_llama import LlamaServer
+
+    path = tmp_path / "tiny-qwen2-last-f16.gguf"
+    reference, tok = write_qwen2_gguf(path)
+    ids, ours = embed_texts(path, DECODER_TEXTS)
+    assert ids == [tok(s).input_ids for s in DECODER_TEXTS]
+    assert all(row[-1] == tok.convert_tokens_to_ids("<|endoftext|>") for row in ids)
+    for row, token_ids in zip(ours, ids, strict=True):
+        assert cosine(row, hf_hidden(reference, token_ids, token_types=False)[-1]) >= 0.9999  # F16 weights
+    with LlamaServer(path, "--embedding") as llama:
+        assert ids == [llama.tokenize(s) for s in DECODER_TEXTS]
+        theirs = llama.embeddings(DECODER_TEXTS)
+    assert min(cosine(a, b) for a, b in zip(ours, theirs)) >= 0.9999
