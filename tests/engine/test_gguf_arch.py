@@ -108,3 +108,97 @@ def test_qwen2_gguf_ids_and_vectors_equal_transformers_and_llama_server(tmp_path
         assert ids == [llama.tokenize(s) for s in DECODER_TEXTS]
         theirs = llama.embeddings(DECODER_TEXTS)
     assert min(cosine(a, b) for a, b in zip(ours, theirs)) >= 0.9999
+
+
+LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+LFM2_BOS = "<|im_start|>"
+
+
+def lfm2_tokenizer():
+    """decoder_fixture's byte-level BPE with LFM2's pre-tokenizer regex (digits in threes) and a BOS first, as
+    LFM2's tokenizer (its `<|startoftext|>`; here the fixture's <|im_start|>)."""
+    from tokenizers import Regex, pre_tokenizers, processors
+
+    from tests.engine.families.decoder_fixture import tokenizer
+
+    tok = tokenizer()
+    tok.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(LLAMA3_REGEX), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    bos = tok.convert_tokens_to_ids(LFM2_BOS)
+    tok.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{LFM2_BOS} $A", pair=f"{LFM2_BOS} $A $B", special_tokens=[(LFM2_BOS, bos)])
+    return tok
+
+
+def write_lfm2_gguf(path: Path, bidirectional: bool):
+    """A tiny random Lfm2Model (conv, attention, conv, attention) as the converter writes `lfm2`: per-layer
+    head_count_kv (0 on conv layers), the sized FFN width, `shortconv.l_cache`, the conv weight squeezed to [H, L];
+    bidirectional (Lfm2BidirectionalModel, LFM2.5-Embedding): `attention.causal` false and CLS pooling, else
+    last-token pooling. F32. Returns (transformers reference, HF tokenizer)."""
+    t = torch()
+    from transformers import Lfm2Config, Lfm2Model
+
+    from tests.engine.families.qwen3_fixture import QWEN3_SPECIALS
+    from tests.engine.families.test_lfm2 import BIDIRECTIONAL, BidirectionalReference
+
+    tok = lfm2_tokenizer()
+    t.manual_seed(14)
+    config = Lfm2Config(vocab_size=len(tok), hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                        max_position_embeddings=512, initializer_range=0.1, rope_theta=1_000_000.0,
+                        pad_token_id=tok.pad_token_id, **BIDIRECTIONAL)
+    model = Lfm2Model(config).eval()
+    perturb_vectors(model, 14)
+    args_ff = int(2 * config.intermediate_size / 3)  # transformers' Lfm2MLP sizing, as the converter writes it
+    args_ff = config.block_multiple_of * ((int(config.block_ffn_dim_multiplier * args_ff) + config.block_multiple_of
+                                           - 1) // config.block_multiple_of)
+    assert model.layers[0].feed_forward.w1.weight.shape[0] == args_ff
+    writer = gguf.GGUFWriter(str(path), "lfm2")
+    writer.add_context_length(512)
+    writer.add_embedding_length(64)
+    writer.add_block_count(4)
+    writer.add_head_count(4)
+    writer.add_head_count_kv([2 if kind == "full_attention" else 0 for kind in config.layer_types])
+    writer.add_rope_freq_base(1_000_000.0)
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_vocab_size(len(tok))
+    writer.add_shortconv_l_cache(config.conv_L_cache)
+    writer.add_layer_norm_rms_eps(config.norm_eps)
+    writer.add_feed_forward_length(args_ff)
+    if bidirectional:
+        writer.add_causal_attention(False)
+    writer.add_pooling_type(gguf.PoolingType.CLS if bidirectional else gguf.PoolingType.LAST)
+    vocab = add_bpe_vocabulary(writer, tok, "lfm2", QWEN3_SPECIALS)
+    writer.add_bos_token_id(vocab[LFM2_BOS])
+    writer.add_eos_token_id(vocab["<|im_end|>"])
+    writer.add_pad_token_id(vocab["<|endoftext|>"])
+    writer.add_add_bos_token(True)
+    writer.add_add_eos_token(False)
+    state = {}
+    for key, value in model.state_dict().items():
+        value = value.numpy()
+        state["model." + key] = value.squeeze(1) if "conv.conv" in key else value  # as LFM2ColBertModel names it
+    add_tensors(writer, state, "lfm2", 4, f16=False)
+    finish(writer)
+    return (BidirectionalReference(model) if bidirectional else model), tok
+
+
+@pytest.mark.parametrize("bidirectional", [False, True], ids=["causal", "bidirectional"])
+def test_lfm2_gguf_ids_and_vectors_equal_transformers_and_llama_server(tmp_path, bidirectional):
+    from tests.engine.families.decoder_fixture import reference_hidden
+    from tests.peer_llama import LlamaServer
+
+    path = tmp_path / "tiny-lfm2-f32.gguf"
+    reference, tok = write_lfm2_gguf(path, bidirectional)
+    ids, ours = embed_texts(path, DECODER_TEXTS)
+    assert ids == [tok(s).input_ids for s in DECODER_TEXTS]
+    for row, token_ids in zip(ours, ids, strict=True):
+        hidden = reference_hidden(reference, token_ids)
+        assert cosine(row, hidden[0] if bidirectional else hidden[-1]) >= 0.9999
+    if bidirectional:  # the first token's vector sees the whole text (read causally it would be the same for all)
+        assert cosine(ours[0], ours[1]) < 0.99
+    with LlamaServer(path, "--embedding") as llama:
+        assert ids == [llama.tokenize(s) for s in DECODER_TEXTS]
+        theirs = llama.embeddings(DECODER_TEXTS)
+    assert min(cosine(a, b) for a, b in zip(ours, theirs)) >= 0.9999
