@@ -57,3 +57,8 @@ class LlamaServer(ServerProcess):
 
     def embeddings(self, texts: list[str]) -> list[list[float]]:
         return [item["embedding"] for item in self.post("/v1/embeddings", {"input": texts})["data"]]
+
+    def rerank(self, query: str, documents: list[str]) -> list[float]:
+        """/rerank's raw relevance_score of each document, in the documents' order."""
+        results = self.post("/rerank", {"query": query, "documents": documents})["results"]
+        return [item["relevance_score"] for item in sorted(results, key=lambda item: item["index"])]

@@ -78,9 +78,10 @@ def build(checkpoint: Checkpoint, gguf: GGUFFile, dtype: str = "auto") -> tuple[
         hidden = int(checkpoint.config["hidden_size"])
         n_out = head_weights["cls_output.bias"].shape[0] if "cls_output.bias" in head_weights else \
             head_weights["cls_output.weight"].size // hidden
-        model = RankHead(trunk, hidden, n_out, present=set(head_weights),
-                         pooling=Pooling.LAST if mapping.CAUSAL else Pooling.CLS,
-                         softmax=gguf.architecture == "qwen3")
+        options = {"pooling": Pooling.LAST if mapping.CAUSAL else Pooling.CLS, "softmax": gguf.architecture == "qwen3"}
+        if hasattr(mapping, "head_options"):  # an architecture llama.cpp scores its own way (modern-bert)
+            options.update(mapping.head_options(checkpoint.config))
+        model = RankHead(trunk, hidden, n_out, present=set(head_weights), **options)
         weights = {**{f"trunk.{k}": v for k, v in weights.items()}, **head_weights}
         if mapping.FAMILY == "bert" and "cls.weight" not in head_weights:  # XLM-R conversions keep their head
             log.warning("%s: a BERT cross-encoder converted by llama.cpp has no pooler and no token types; it is "
