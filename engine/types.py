@@ -46,6 +46,7 @@ class EngineOptions:
     max_queue_items: int = 4096  # inputs waiting for the engine thread; more is QueueFull
     threads: int = -1  # BLAS threads; <= 0 leaves the library default
     dtype: str = "auto"  # compute dtype: auto (float32 on a CPU, the checkpoint's on a GPU) | float32 | float16 | bfloat16
+    keep_quantized: bool = False  # MLX-quantized layers keep their bits on a CPU too (memory over speed)
     rerank_sigmoid: bool = False  # cross-encoder scores as sigmoid(logit) instead of the raw logit
     rerank_instruction: str | None = None  # generative rerankers: the server-wide <Instruct> text
     default_prompt_name: str | None = None  # embedding models: the prompt texts get when a request names none
@@ -96,6 +97,11 @@ class ModelInfo:
     multi_vector: bool = False  # late interaction: one L2-normalized vector per token, scored by MaxSim
     # whether the checkpoint's sentence-transformers modules end in Normalize; None when it does not say (GGUF)
     normalize_module: bool | None = None
+    # how the weights run, chosen at load: "quantized kernels", "dequantized to float32 at load", or the compute
+    # dtype of a float checkpoint; resident_bytes: what they hold in memory (size_bytes, but a GGUF's size_bytes
+    # counts its file as llama.cpp does)
+    weights: str = ""
+    resident_bytes: int = 0
 
     @property
     def is_reranker(self) -> bool:

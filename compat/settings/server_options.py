@@ -148,7 +148,13 @@ class Settings(ExplicitSettings):
         "auto", flags=["--dtype"], env="LLAMA_ARG_DTYPE", metavar="{auto,float32,float16,bfloat16}",
         group="batching", per_model=True,
         help="compute dtype: auto = float32 on a CPU (half-precision matmuls are slow there), the checkpoint's "
-             "own dtype on a GPU; the others force it (quantized layers keep their bits)")
+             "own dtype on a GPU; the others force it (and the dtype quantized layers are dequantized to)")
+    keep_quantized: bool = option(
+        False, flags=["--keep-quantized"], kind="paired", env="LLAMA_ARG_KEEP_QUANTIZED", group="batching",
+        per_model=True,
+        help="MLX-quantized folders keep their bits on a CPU too (smaller in memory, but MLX's CPU quantized "
+             "matmul is far slower); by default a CPU dequantizes them to the compute dtype at load, a GPU always "
+             "runs its quantized kernels. GGUF block formats are always dequantized at load")
     threads: int = option(-1, flags=["-t", "--threads"], env="LLAMA_ARG_THREADS", metavar="N", group="batching",
                           help="CPU threads for the engine: two passes compute at once on 2+ threads, sharing them for BLAS; "
                                "-1 = every core")
@@ -313,6 +319,7 @@ class Settings(ExplicitSettings):
             max_queue_items=self.max_queue_items,
             threads=self.threads,
             dtype=self.dtype,
+            keep_quantized=self.keep_quantized,
             rerank_sigmoid=self.rerank_sigmoid,
             rerank_instruction=self.rerank_instruction,
             default_prompt_name=self.default_prompt_name,

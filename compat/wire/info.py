@@ -56,6 +56,8 @@ def render_props_response(settings: Settings, info: ModelInfo, version: str,
         "cors_proxy_enabled": False,
         # ours, after llama's keys: the family serving the model and the shapes fitted at startup
         "family": info.family,
+        "weights": info.weights,  # "quantized kernels", "dequantized to float32 at load", or the dtype
+        "resident_bytes": info.resident_bytes,
         "max_seq": info.max_input_tokens,
         "rows": info.batch_rows,
         "batch_tokens": info.batch_tokens,
@@ -99,7 +101,8 @@ def render_model_meta(info: ModelInfo) -> dict[str, Any]:
     """/v1/models `meta` of a loaded model."""
     return {"vocab_type": int(info.vocab_type), "n_vocab": info.n_vocab, "n_ctx": info.slot_ctx,
             "n_ctx_train": info.n_ctx_train, "n_embd": info.n_embd, "n_params": info.n_params,
-            "size": info.size_bytes, "ftype": info.ftype, **request_capabilities(info, prompt_texts=False)}
+            "size": info.size_bytes, "ftype": info.ftype, "weights": info.weights,
+            "resident_bytes": info.resident_bytes, **request_capabilities(info, prompt_texts=False)}
 
 
 def request_capabilities(info: ModelInfo, *, prompt_texts: bool) -> dict[str, Any]:

@@ -37,9 +37,12 @@ class CheckpointFormat(Protocol):
         """registry.EMBEDDER, CROSS_ENCODER or GENERATIVE_RERANKER; anything else is refused by name. rank: the
         server runs in rank mode (--reranking), which makes a causal LM with a yes/no recipe a reranker."""
 
-    def load(self, checkpoint: Checkpoint, kind: str, dtype: str = "auto") -> LoadedModel:
+    def load(self, checkpoint: Checkpoint, kind: str, dtype: str = "auto",
+             keep_quantized: bool = False) -> LoadedModel:
         """The family's module built as `kind` with the checkpoint's weights (strict: every key must match).
-        dtype: the compute dtype (auto: float32 on a CPU, the checkpoint's own on a GPU; engine/loading/weights.py)."""
+        dtype: the compute dtype (auto: float32 on a CPU, the checkpoint's own on a GPU; engine/loading/weights.py).
+        keep_quantized: quantized layers keep their bits on a CPU too (they always do on a GPU), where the format
+        can run them quantized at all."""
 
 
 def format_of(path: Path) -> type[CheckpointFormat]:
@@ -57,7 +60,8 @@ def open_checkpoint(path: Path, label: str = "") -> Checkpoint:
     return format_of(path).read(path, label)
 
 
-def load(checkpoint: Checkpoint, kind: str | None = None, dtype: str = "auto") -> LoadedModel:
+def load(checkpoint: Checkpoint, kind: str | None = None, dtype: str = "auto",
+         keep_quantized: bool = False) -> LoadedModel:
     """The checkpoint's model, built by its format as `kind` (default: what it is in embedding mode)."""
     fmt: CheckpointFormat = checkpoint.format
-    return fmt.load(checkpoint, kind or fmt.kind_of(checkpoint), dtype)
+    return fmt.load(checkpoint, kind or fmt.kind_of(checkpoint), dtype, keep_quantized)

@@ -122,12 +122,16 @@ class LoadedModel:
     multi_vector: bool = False  # one normalized vector per token (late interaction)
     pools_itself: bool = False  # the family's own heads give one vector per input (the engine's pooling never applies)
     scores_are_probabilities: bool = False  # a reranker head whose scores are already in [0, 1]
+    # how the weights run, chosen at load (engine/loading/weights.py placement): "quantized kernels",
+    # "dequantized to float32 at load", or the compute dtype of a float checkpoint
+    weights: str = ""
+    resident_bytes: int = 0  # what the loaded weights hold in memory (size_bytes for a folder)
 
     @classmethod
     def of(cls, model: nn.Module, trunk: Trunk, *, family: str, kind: str, n_params: int, size_bytes: int,
            ftype: str, default_pooling: Pooling, projection: heads.Projection | None = None,
            input_builder: Callable[..., InputBuilder] | None = None,
-           scores_are_probabilities: bool = False) -> LoadedModel:
+           scores_are_probabilities: bool = False, weights: str = "", resident_bytes: int = 0) -> LoadedModel:
         """A built model and its trunk (the model itself, or the module under its head): widths, limits and
         capabilities as the trunk declares them (engine/families/base.py Trunk), the rest as the format says."""
         return cls(model=model, family=family, kind=kind, n_params=n_params, size_bytes=size_bytes, ftype=ftype,
@@ -135,7 +139,8 @@ class LoadedModel:
                    hidden_size=projection.out_dims if projection else trunk.hidden_size,
                    fixed_width=trunk.fixed_width, image_size=trunk.image_size, image_tokens=trunk.image_tokens,
                    projection=projection, input_builder=input_builder, multi_vector=trunk.multi_vector,
-                   pools_itself=trunk.pools_itself, scores_are_probabilities=scores_are_probabilities)
+                   pools_itself=trunk.pools_itself, scores_are_probabilities=scores_are_probabilities,
+                   weights=weights, resident_bytes=resident_bytes or size_bytes)
 
 
 def family_name(checkpoint: Checkpoint) -> str:

@@ -83,8 +83,10 @@ class SafetensorsFormat:
     def kind_of(self, checkpoint: Checkpoint, rank: bool = False) -> str:
         return registry.kind_of(checkpoint, rank)
 
-    def load(self, checkpoint: Checkpoint, kind: str, dtype: str = "auto") -> registry.LoadedModel:
-        """Build the family's module for this checkpoint and load its weights (strict: every key must match)."""
+    def load(self, checkpoint: Checkpoint, kind: str, dtype: str = "auto",
+             keep_quantized: bool = False) -> registry.LoadedModel:
+        """Build the family's module for this checkpoint and load its weights (strict: every key must match);
+        MLX-quantized layers keep their bits on a GPU or with keep_quantized, else are dequantized at load."""
         name = registry.family_name(checkpoint)
         family: ModuleType = importlib.import_module(f"engine.families.{name}")
         model_class = registry.model_class(family, checkpoint)
@@ -123,17 +125,19 @@ class SafetensorsFormat:
         if tensors is None:
             tensors = model.sanitize(raw)
         dtype_ = weights.compute_dtype(dtype, tensors)
-        weights.materialize(model, tensors, quant, dtype_, f"{checkpoint.path} ({name} family)")
+        keep = weights.keeps_bits(keep_quantized)
+        weights.materialize(model, tensors, quant, dtype_, f"{checkpoint.path} ({name} family)", keep)
         n_params, size_bytes = weights.size(model)
         if projection is not None:
-            weights.materialize(projection, dense, quant, dtype_, f"{checkpoint.path} (Dense modules)")
+            weights.materialize(projection, dense, quant, dtype_, f"{checkpoint.path} (Dense modules)", keep)
             extra_params, extra_bytes = weights.size(projection)
             n_params, size_bytes = n_params + extra_params, size_bytes + extra_bytes
         return registry.LoadedModel.of(
             model, trunk, family=name, kind=kind, n_params=n_params, size_bytes=size_bytes,
             ftype=weights.ftype({**tensors, **(dense if projection is not None else {})}, quant),
             default_pooling=registry.default_pooling(checkpoint), projection=projection,
-            input_builder=registry.input_builder(name, kind))
+            input_builder=registry.input_builder(name, kind),
+            weights=weights.placement(quant is not None, keep, dtype_))
 
 
 def weight_files(path: Path) -> list[Path]:

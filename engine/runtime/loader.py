@@ -69,7 +69,7 @@ def load(opts: EngineOptions, lanes: int, blas_threads: int) -> tuple[Runner, Se
     prompt_default = default_prompt_name(ckpt, opts.default_prompt_name) if embedder else None
     chat = ChatInputs(ckpt) if embedder and ckpt.message_modality is not None else None
     tokenizer = ckpt.format.open_tokenizer(ckpt)
-    loaded = formats.load(ckpt, kind, opts.dtype)
+    loaded = formats.load(ckpt, kind, opts.dtype, opts.keep_quantized)
     mode = registry.choose_pooling(opts.pooling, ckpt, loaded)
     prompt = pairs = images = builder = None
     if kind == registry.GENERATIVE_RERANKER:
@@ -113,12 +113,14 @@ def load(opts: EngineOptions, lanes: int, blas_threads: int) -> tuple[Runner, Se
         file_format=ckpt.format.name, chat_template_inputs=chat is not None,
         modalities=("text", "image") if (images, builder, pairs) != (None, None, None) else ("text",),
         image_tokens=loaded.image_tokens, image_token_bounds=token_bounds, vision_language=builder is not None,
-        multi_vector=loaded.multi_vector,
+        multi_vector=loaded.multi_vector, weights=loaded.weights, resident_bytes=loaded.resident_bytes,
         normalize_module=None if ckpt.format.name == "gguf" else "Normalize" in ckpt.module_types)
-    log.info("loaded %s (%s, %s, %s) in %.2f s: pooling %s, %d params, per-input limit %d tokens, "
-             "batches of up to %d rows / %d tokens, %d lanes sharing %d BLAS threads, BLAS: %s; %s",
+    log.info("loaded %s (%s, %s, %s) in %.2f s: pooling %s, %d params, weights %s (%d bytes resident), "
+             "per-input limit %d tokens, batches of up to %d rows / %d tokens, %d lanes sharing %d BLAS threads, "
+             "BLAS: %s; %s",
              ckpt.path, ckpt.model_type, ckpt.architecture or "-", loaded.kind, time.monotonic() - started,
-             mode.value, loaded.n_params, fitted.max_seq, fitted.max_rows, fitted.max_tokens, lanes,
+             mode.value, loaded.n_params, loaded.weights, loaded.resident_bytes, fitted.max_seq, fitted.max_rows,
+             fitted.max_tokens, lanes,
              blas_threads, blas.description, malloc.description)
     return runner, ServedModel(tokenizer=tokenizer, batch_limits=fitted, info=info,
                                fitter=InputFitter(tokenizer, info, opts, prompt, chat),

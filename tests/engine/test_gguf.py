@@ -11,6 +11,7 @@ import pytest
 from engine import Pooling
 from engine.errors import CheckpointNotFound, UnsupportedCheckpoint
 from engine.checkpoint import Checkpoint
+from engine.loading import weights
 from engine.loading.gguf import vocab
 from engine.loading.gguf.format import GGUFFormat, special_tokens
 from engine.loading.gguf.reader import GGUFFile
@@ -115,6 +116,8 @@ def test_minilm_identity_is_read_from_the_file(minilm_f16):
     assert (info.bos_token, info.eos_token) == ("[CLS]", "[SEP]")
     # llama.cpp counts every tensor of the file: elements and stored bytes
     assert info.n_params == 22565376 and info.size_bytes == 45586944
+    if weights.on_cpu():  # F16 is no block format; it computes in float32 (auto), which is what is resident
+        assert (info.weights, info.resident_bytes) == ("float32", 4 * info.n_params)
 
 
 @pytest.mark.parametrize("name, floor", [("minilm-q4_0", 0.9995), ("tiny-random-qwen3-last-f16", 0.99999),
@@ -124,8 +127,11 @@ def test_vectors_equal_llama_server(name, floor):
     if name.startswith("SmolLM2"):  # no pooling_type in the file: llama-server ran it with --pooling mean
         eng = start_engine(smollm2_gguf(), pooling=Pooling.MEAN, max_seq=64)
     else:
-        eng = start_engine(gguf_fixture(f"{name}.gguf"))
+        eng = start_engine(gguf_fixture(f"{name}.gguf"), keep_quantized=True)  # block formats: no effect
     try:
+        if ".Q" in name or "_q" in name:  # a block format: always dequantized, resident larger than the file
+            assert eng.info.weights.startswith("dequantized to ") and eng.info.weights.endswith(" at load")
+            assert eng.info.resident_bytes > eng.info.size_bytes
         ids = [eng.encode_prompt([s]) for s in answers["sentences"]]
         ours = eng.embed(ids).vectors
     finally:

@@ -8,7 +8,7 @@ from typing import Any
 
 from engine.checkpoint import Checkpoint
 from engine.errors import CheckpointNotFound, UnsupportedCheckpoint
-from engine.loading import registry
+from engine.loading import registry, weights
 from engine.loading.gguf import load, vocab
 from engine.loading.gguf.arch import for_architecture
 from engine.loading.gguf.head import RankHead
@@ -66,16 +66,23 @@ class GGUFFormat:
         """A file with llama.cpp's classifier output is a cross-encoder (served with --reranking)."""
         return registry.CROSS_ENCODER if load.is_reranker(self.file) else registry.EMBEDDER
 
-    def load(self, checkpoint: Checkpoint, kind: str, dtype: str = "auto") -> registry.LoadedModel:
-        """The same families, weights named by the file's map; identity counted as llama.cpp does."""
+    def load(self, checkpoint: Checkpoint, kind: str, dtype: str = "auto",
+             keep_quantized: bool = False) -> registry.LoadedModel:
+        """The same families, weights named by the file's map; identity counted as llama.cpp does. Block
+        formats are always dequantized at load (MLX has no kernels for GGML's blocks): keep_quantized does
+        not apply."""
         model, trunk, name, projection = load.build(checkpoint, self.file, dtype)
         n_params, size = load.file_counts(self.file)
+        resident = weights.size(model)[1] + (weights.size(projection)[1] if projection is not None else 0)
         # llama.cpp: a file without a pooling_type gives per-token vectors unless --pooling says otherwise
         return registry.LoadedModel.of(model, trunk, projection=projection, family=name, kind=kind,
                                        n_params=n_params, size_bytes=size, ftype=load.ftype(self.file),
                                        default_pooling=Pooling.NONE,
                                        scores_are_probabilities=isinstance(model, RankHead)
-                                       and model.scores_are_probabilities)
+                                       and model.scores_are_probabilities,
+                                       weights=weights.placement(load.is_quantized(self.file), False,
+                                                                 weights.module_dtype(model)),
+                                       resident_bytes=resident)
 
 
 def special_tokens(meta: dict[str, Any], source: str) -> dict[str, str | None]:

@@ -40,6 +40,11 @@ def ftype(gguf: GGUFFile) -> str:
     return FTYPE_NAMES.get(int(value), f"file_type {value}")
 
 
+def is_quantized(gguf: GGUFFile) -> bool:
+    """Whether any tensor of the file is in a block format (dequantized at load)."""
+    return any(t.type_name not in ("F32", "F16", "BF16") for t in gguf.tensors.values())
+
+
 def tensor(gguf: GGUFFile, name: str) -> mx.array:
     """One tensor as an MLX float array (block formats dequantized to float32)."""
     values = gguf.array(name)
