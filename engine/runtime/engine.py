@@ -278,11 +278,15 @@ class Engine:
 
     # -- reranking --------------------------------------------------------------------------------
     def rerank(self, query: RerankItem, documents: Sequence[RerankItem], *, truncate: bool | None = None,
-               instruction: str | None = None, timeout_s: float = 3600) -> RerankResult:
+               instruction: str | None = None, max_chunks: int | None = None,
+               timeout_s: float = 3600) -> RerankResult:
         """Score every (query, document) pair; scores come back in document order.
 
         `instruction` (generative rerankers only) overrides the server's <Instruct> text. The query and the
         documents are texts, or images (with any text beside them) for rerankers that take images.
+        `max_chunks` (None: the server's rerank_chunks; 0: off) splits each document over the limit into at most
+        that many overlapping windows (engine/runtime/fitting.py `document_windows`), scored with the other pairs;
+        the document's score is its best window's, its n_tokens every window's. Text rerankers only.
         """
         info = self.info
         if not info.is_reranker:
@@ -296,12 +300,26 @@ class Engine:
             raise InvalidInput(f"{images[0]} is an image, but this reranker "
                                f"({info.architecture or info.model_type}) scores text only")
         cut = self.options.truncate if truncate is None else truncate
+        chunks = self.options.rerank_chunks if max_chunks is None else max_chunks
+        if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 0:
+            raise InvalidInput(f"max_chunks must be a non-negative integer (0: off), not {chunks!r}")
         model = self._served()
+        if chunks and (model.pairs is not None or images):
+            raise InvalidInput(f"splitting long documents into windows (max_chunks) is only for text rerankers; "
+                               f"this one ({info.architecture or info.model_type}) builds pairs that may hold "
+                               f"images: leave max_chunks off")
         if model.pairs is not None:
             return self._rerank_pairs(query, documents, instruction or self.options.rerank_instruction, info, cut,
                                       timeout_s)
         started = time.monotonic()
-        if model.prompt is not None:
+        owners = list(range(len(documents)))
+        if chunks and model.prompt is not None:
+            prompts, owners = model.fitter.chunk_prompts(query, documents,
+                                                         instruction or self.options.rerank_instruction, chunks)
+            pairs = [(ids, None) for ids in prompts]
+        elif chunks:
+            pairs, owners = model.fitter.chunk_pairs(query, documents, chunks)
+        elif model.prompt is not None:
             task = instruction or self.options.rerank_instruction
             rendered = model.tokenizer.encode_batch([model.prompt.render(query, doc, task) for doc in documents],
                                                     add_special=False)
@@ -316,7 +334,12 @@ class Engine:
         scores = [float(r.value) for r in results]
         if self.options.rerank_sigmoid and info.kind == registry.CROSS_ENCODER and not model.scores_are_probabilities:
             scores = [1.0 / (1.0 + math.exp(-s)) for s in scores]
-        return RerankResult(scores=scores, n_tokens=[len(ids) for ids, _ in pairs], timings=timings)
+        best = [-math.inf] * len(documents)
+        n_tokens = [0] * len(documents)
+        for owner, score, (ids, _) in zip(owners, scores, pairs, strict=True):
+            best[owner] = max(best[owner], score)
+            n_tokens[owner] += len(ids)
+        return RerankResult(scores=best, n_tokens=n_tokens, timings=timings)
 
     def _rerank_pairs(self, query: RerankItem, documents: Sequence[RerankItem], instruction: str | None,
                       info: ModelInfo, truncate: bool, timeout_s: float) -> RerankResult:

@@ -63,6 +63,12 @@ class TextTokenizer:
         tok = self._parsing if parse_special else self._literal
         return [enc.ids for enc in tok.encode_batch_fast(list(texts), add_special_tokens=add_special)]
 
+    def token_spans(self, text: str) -> list[tuple[int, int, int | None]]:
+        """(start, end, word) of each token of `text` (no special tokens): its characters in `text` and the
+        index of the pre-tokenizer word it belongs to (None where the tokenizer does not say)."""
+        enc = self._parsing.encode(text, add_special_tokens=False)
+        return [(start, end, word) for (start, end), word in zip(enc.offsets, enc.word_ids, strict=True)]
+
     def encode_prompt(self, parts: Sequence[str | int], add_special: bool = True,
                       parse_special: bool = True) -> list[int]:
         """llama-server's mixed prompt: ints verbatim; only a leading string gets the special tokens."""
