@@ -1,5 +1,6 @@
 """Fitting inputs to the loaded model, on the caller's thread: every input checked against the per-input limit
-and cut when truncation is on (never when an input holds images), or refused naming the limit that binds.
+and cut when truncation is on (never when an input holds images), or refused naming the limit that binds. A
+single input is cut from the right, or from the left (`truncation_direction`, TEI's field: its end kept).
 
 Pairs are cut longest-first (engine/text/tokenizer.py `longest_first`, the one cut every caller shares), a
 rendered rerank prompt only in its query and document, a chat-templated input with the template's closing
@@ -59,6 +60,16 @@ def document_windows(spans: Sequence[tuple[int, int, int | None]], size: int, ma
     return windows
 
 
+TRUNCATION_DIRECTIONS = {"right": "right", "left": "left", "Right": "right", "Left": "left"}  # TEI's spellings
+
+
+def truncation_direction(value: object) -> str:
+    """"right" (cut the end, the default) or "left" (keep the end), from TEI's spellings; else InvalidInput."""
+    if not isinstance(value, str) or value not in TRUNCATION_DIRECTIONS:
+        raise InvalidInput(f"truncation direction must be one of 'right', 'left' (or 'Right', 'Left'), not {value!r}")
+    return TRUNCATION_DIRECTIONS[value]
+
+
 class InputFitter:
     """One loaded model's limits (`info`) applied to its inputs; `options`: the server's length options."""
 
@@ -77,23 +88,25 @@ class InputFitter:
             raise InvalidTokens("Prompt contains invalid tokens")
         return ids
 
-    def fit(self, ids: list[int], truncate: bool) -> list[int]:
-        """One tokenized input within the limit: cut (keeping the trailing special tokens) or refused."""
+    def fit(self, ids: list[int], truncate: bool, direction: str = "right") -> list[int]:
+        """One tokenized input within the limit: cut (keeping the template's special tokens; `direction` "left"
+        keeps the end, TEI's truncation_direction) or refused."""
         if not ids:
             raise EmptyInput("Input content cannot be empty")
         self.known(ids)
         if len(ids) <= self.info.max_input_tokens:
             return ids
         if truncate:
-            return self.tokenizer.truncate(ids, self.info.truncate_tokens)
+            return self.tokenizer.truncate(ids, self.info.truncate_tokens, direction)
         self.too_long(len(ids))
         return ids
 
-    def fit_prepared(self, label: str, prepared: PreparedInput, truncate: bool) -> PreparedInput:
+    def fit_prepared(self, label: str, prepared: PreparedInput, truncate: bool,
+                     direction: str = "right") -> PreparedInput:
         """A built input within the per-input limit: a text-only one may be cut, one holding images may not
         (its image tokens are one block with the image's features)."""
         if not prepared.images:
-            return PreparedInput(self.fit(prepared.ids, truncate))
+            return PreparedInput(self.fit(prepared.ids, truncate, direction))
         if len(prepared.ids) > self.info.max_input_tokens:
             if truncate:  # asked to cut, but cannot: say why rather than only that it is too long
                 raise InvalidInput(f"{label} ({len(prepared.ids)} tokens, {prepared.image_tokens} of them its "
@@ -192,13 +205,18 @@ class InputFitter:
         kept = dict(zip(("query", "document"), longest_first(encoded["query"], encoded["document"], budget)))
         return [t for kind, p in pieces for t in (p if kind == "text" else kept[kind])]
 
-    def chat_ids(self, text: str, system: str | None, truncate: bool) -> list[int]:
+    def chat_ids(self, text: str, system: str | None, truncate: bool, direction: str = "right") -> list[int]:
         """One chat-templated input's tokens. Truncated as sentence-transformers does: cut to the model's
         length, then the template's tail (the tokens the render ends with whatever the content) written back
-        over the last ones, so last-token pooling still reads the template's final token."""
+        over the last ones, so last-token pooling still reads the template's final token. Only on the right:
+        cutting from the left would cut the template's head."""
         ids = self.tokenizer.encode(self._chat.render(text, system), add_special=False)
         if not truncate or len(ids) <= self.info.max_input_tokens:
             return ids
+        if direction == "left":
+            raise InvalidInput(f"an input of {len(ids)} tokens is over the per-input limit of "
+                               f"{self.info.max_input_tokens}, and this model's texts go through its chat template, "
+                               f"which is only truncated on the right: use truncation direction right")
         suffix = self._chat_tail(system)
         ids = ids[:self.info.truncate_tokens]
         keep = min(len(suffix), len(ids))
