@@ -147,7 +147,7 @@ class InputFitter:
         the document each pair belongs to). A document that fits is one pair, exactly as fit_pairs makes it."""
         limit = self.pair_limit
         whole = self.tokenizer.encode_pairs([(query, doc) for doc in documents])
-        room = limit - len(self.tokenizer.encode_pair(query, "")[0])
+        room = limit - len(self.tokenizer.encode_pairs([(query, "")])[0][0])
         texts: list[tuple[str, str]] = []
         owners: list[int] = []
         for i, (doc, (ids, _)) in enumerate(zip(documents, whole, strict=True)):

@@ -169,3 +169,15 @@ def test_a_generative_reranker_scores_windows_of_its_rendered_prompt(tmp_path):
     assert 3 <= len(windows) <= 40
     assert result.scores[0] == pytest.approx(max(r.scores[0] for r in alone), abs=1e-4)
     assert result.n_tokens == [sum(r.n_tokens[0] for r in alone)]
+
+
+def test_a_gguf_cross_encoder_chunks_with_llama_servers_pair_prompt():
+    """The same cross-encoder converted by llama.cpp: its pairs are llama-server's prompt, its windows the same."""
+    eng = start_engine(ce_fixture_dir().parent / "gguf" / "bert-tiny-ce-distilled-f32.gguf", pooling=Pooling.RANK)
+    try:
+        alone = [eng.rerank(QUERY, [w]) for w in expected_windows(QUERY, LONG)]
+        result = eng.rerank(QUERY, [LONG], max_chunks=100)
+    finally:
+        eng.close()
+    assert result.scores[0] == pytest.approx(max(r.scores[0] for r in alone), abs=1e-4)
+    assert result.n_tokens == [sum(r.n_tokens[0] for r in alone)]
