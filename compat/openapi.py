@@ -120,12 +120,13 @@ def _schemas(settings: Settings) -> dict[str, Schema]:
             "type": "object", "required": ["query"],
             "description": "llama-server / Jina / Cohere / TEI rerank request; `documents` or `texts` (TEI: the "
                            "`texts` key selects TEI's answer shape) is required. Ignored: priority, relevant_spans, "
-                           "raw_scores, max_chunks_per_doc, max_tokens_per_doc, truncation_direction.",
+                           "raw_scores, max_tokens_per_doc, truncation_direction.",
             "properties": {
                 "query": item, "documents": _nullable(documents), "texts": _nullable(documents),
                 "top_n": _nullable({"type": "integer", "minimum": 0}),
                 "return_documents": _nullable(_BOOL), "return_text": _nullable(_BOOL),
                 "truncate": _nullable(_BOOL), "instruction": _nullable(_STRING), "model": _MODEL,
+                "max_chunks_per_doc": _nullable({"type": "integer", "minimum": 1}),
                 "rank_fields": _nullable({"enum": [[], ["text"]]}),
             }},
         "Rerank": {

@@ -296,31 +296,35 @@ class Reranker(_Loaded):
     def kind(self) -> str:
         return self.info.kind
 
-    def score(self, query: RerankItem, documents: Sequence[RerankItem], *,
-              instruction: str | None = None) -> tuple[np.ndarray, list[int]]:
+    def score(self, query: RerankItem, documents: Sequence[RerankItem], *, instruction: str | None = None,
+              max_chunks: int | None = None) -> tuple[np.ndarray, list[int]]:
         """(scores in document order, tokens of each pair). The query and the documents are strings, or (rerankers
-        that take images) an ImageInput (its text pieces and encoded images, in order)."""
+        that take images) an ImageInput (its text pieces and encoded images, in order). `max_chunks` (text
+        rerankers; None: the rerank_chunks option, 0: off) splits a document over the model's limit into at most
+        that many overlapping windows and gives it its best window's score (its tokens: every window's)."""
         if not documents:
             raise InvalidInput("documents must not be empty")
         if not all(isinstance(item, (str, ImageInput)) for item in (query, *documents)):
             raise InvalidInput("the query and the documents must be strings (or ImageInput images)")
-        result = self.engine.rerank(query, list(documents), instruction=instruction)
+        result = self.engine.rerank(query, list(documents), instruction=instruction, max_chunks=max_chunks)
         return np.asarray(result.scores, dtype=np.float64), list(result.n_tokens)
 
-    def predict(self, pairs: Sequence[tuple[str, str]], *, instruction: str | None = None) -> np.ndarray:
+    def predict(self, pairs: Sequence[tuple[str, str]], *, instruction: str | None = None,
+                max_chunks: int | None = None) -> np.ndarray:
         """One score per (query, document) pair, in input order; pairs sharing a query are scored together."""
         by_query: dict[str, list[int]] = {}
         for i, (query, _) in enumerate(pairs):
             by_query.setdefault(query, []).append(i)
         scores = np.zeros(len(pairs), np.float64)
         for query, rows in by_query.items():
-            scores[rows] = self.score(query, [pairs[i][1] for i in rows], instruction=instruction)[0]
+            scores[rows] = self.score(query, [pairs[i][1] for i in rows], instruction=instruction,
+                                      max_chunks=max_chunks)[0]
         return scores
 
     def rank(self, query: str, documents: Sequence[str], top_n: int | None = None, *,
-             instruction: str | None = None) -> list[dict[str, Any]]:
+             instruction: str | None = None, max_chunks: int | None = None) -> list[dict[str, Any]]:
         """[{"index", "score"}] by score descending, ties by ascending index, the first top_n (None: all)."""
-        scores, _ = self.score(query, documents, instruction=instruction)
+        scores, _ = self.score(query, documents, instruction=instruction, max_chunks=max_chunks)
         return ranking(scores, top_n)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -49,6 +49,7 @@ class EngineOptions:
     keep_quantized: bool = False  # MLX-quantized layers keep their bits on a CPU too (memory over speed)
     rerank_sigmoid: bool = False  # cross-encoder scores as sigmoid(logit) instead of the raw logit
     rerank_instruction: str | None = None  # generative rerankers: the server-wide <Instruct> text
+    rerank_chunks: int = 0  # rerankers: most windows an over-long document is split into; 0 = off (refused or cut)
     default_prompt_name: str | None = None  # embedding models: the prompt texts get when a request names none
     image_max_pixels: int = 40_000_000  # an image with more pixels is refused from its header, before decoding
     # dynamic-resolution image processors (Qwen2-VL's): the fewest / most tokens one image becomes; <= 0 = the

@@ -29,7 +29,8 @@ class RerankResource:
             served.engine.check_count(len(request.items))  # before any image is fetched
             query, *documents = fetch_query_documents([request.query, *request.items], served.settings)
             result = served.engine.rerank(query, documents, truncate=request.truncate,
-                                          instruction=request.instruction, timeout_s=served.remaining_s)
+                                          instruction=request.instruction, max_chunks=request.max_chunks,
+                                          timeout_s=served.remaining_s)
             served.record(result)
         resp.media = render_rerank_response(request, result, served.name, response_id=str(uuid.uuid4()))
 

@@ -97,6 +97,13 @@ class Settings(ExplicitSettings):
         group="embeddings", per_model=True,
         help="generative rerankers: the <Instruct> task text; unset = the model card's web search instruction; "
              "a request's 'instruction' overrides it")
+    rerank_chunks: int = option(
+        0, flags=["--rerank-chunks"], env="LLAMA_ARG_RERANK_CHUNKS", metavar="N", group="embeddings",
+        per_model=True,
+        help="rerankers: split a document over the model's limit into at most N overlapping token windows (a "
+             "quarter of a window shared), each scored beside the query, the document getting its best window's "
+             "score; 0 = off (such a document is refused, or cut with --truncate); a request's "
+             "'max_chunks_per_doc' overrides it")
     default_prompt_name: str | None = option(
         None, flags=["--default-prompt-name"], env="LLAMA_ARG_DEFAULT_PROMPT_NAME", metavar="NAME",
         group="embeddings", per_model=True,
@@ -266,6 +273,13 @@ class Settings(ExplicitSettings):
             raise ValueError("must be 0 (exit at once) or more")
         return value
 
+    @field_validator("rerank_chunks")
+    @classmethod
+    def _chunks_off_or_positive(cls, value: int) -> int:
+        if value < 0:
+            raise ValueError("must be 0 (off) or a number of windows")
+        return value
+
     @field_validator("models_max")
     @classmethod
     def _models_max_not_negative(cls, value: int) -> int:
@@ -322,6 +336,7 @@ class Settings(ExplicitSettings):
             keep_quantized=self.keep_quantized,
             rerank_sigmoid=self.rerank_sigmoid,
             rerank_instruction=self.rerank_instruction,
+            rerank_chunks=self.rerank_chunks,
             default_prompt_name=self.default_prompt_name,
             image_max_pixels=self.image_max_pixels,
             image_min_tokens=self.image_min_tokens,

@@ -17,7 +17,7 @@ from engine.loading import registry
 from engine.multimodal.images import InvalidImage, decode
 from engine.multimodal.inputs import PreparedInput
 from engine.multimodal.pairs import RerankSide
-from engine.runtime import loader, threads
+from engine.runtime import fitting, loader, threads
 from engine.runtime.loader import ServedModel
 from engine.runtime.scheduler import BatchLimits
 from engine.runtime.worker import ImageWork, ItemResult, Runner, Worker
@@ -116,12 +116,14 @@ class Engine:
 
     # -- embeddings -------------------------------------------------------------------------------
     def format_prompts(self, prompts: Sequence[Sequence[str | int]], prompt_name: str | None = None,
-                       instruction: str | None = None, truncate: bool | None = None) -> list[list[str | int]]:
+                       instruction: str | None = None, truncate: bool | None = None,
+                       truncation_direction: str = "right") -> list[list[str | int]]:
         """Apply a request's prompt_name / instruction (or the default prompt) to its text prompts.
 
         A model whose texts go through its chat template gets them rendered and tokenized here (the prompt as a
         system message, as sentence-transformers does): those prompts come back as token ids, already truncated
-        when `truncate` (None: the server's --truncate) lets an over-long one be cut. A vision-language family's
+        when `truncate` (None: the server's --truncate) lets an over-long one be cut (only on the right: a
+        `truncation_direction` "left" is refused for such an over-long prompt). A vision-language family's
         prompts come back as they are: pass prompt_name / instruction to embed_prompts instead.
         """
         info = self._require_embedder()
@@ -132,22 +134,25 @@ class Engine:
             return format_prompts(info, prompts, prompt_name, instruction)
         choice = choose_prompt(info, prompt_name, instruction)
         cut = self.options.truncate if truncate is None else truncate
-        return [model.fitter.chat_ids(choice.apply(p[0]) if choice.instruction else p[0], choice.prefix, cut)
+        direction = fitting.truncation_direction(truncation_direction)
+        return [model.fitter.chat_ids(choice.apply(p[0]) if choice.instruction else p[0], choice.prefix, cut,
+                                      direction)
                 if is_text(p) else list(p) for p in prompts]
 
     def embed_prompts(self, prompts: Sequence[Sequence[str | int] | ImageInput], *, truncate: bool | None = None,
                       timeout_s: float = 3600, prompt_name: str | None = None, instruction: str | None = None,
                       labels: Sequence[str] | None = None, embd_normalize: int = -1,
-                      dimensions: int | None = None) -> EmbedResult:
+                      dimensions: int | None = None, truncation_direction: str = "right") -> EmbedResult:
         """Tokenize llama-server prompts (text and token-id parts, see encode_prompt) in one batched call on
         the caller's thread, then embed them with any images among them, finished as `embed` finishes them.
 
         A vision-language family builds every text or image input itself (engine/multimodal/inputs.py), receiving
         `instruction` or the text of `prompt_name` when it takes one; other families had those applied by
         format_prompts and ignore them here. Token-id prompts are embedded verbatim by every family. `labels`
-        name the inputs in errors (default "input 0", "input 1", ...).
+        name the inputs in errors (default "input 0", "input 1", ...). `truncation_direction` as `embed` takes it.
         """
         info = self._embedding(len(prompts), dimensions)
+        direction = fitting.truncation_direction(truncation_direction)
         model = self._served()
         started = time.monotonic()
         inputs: list = list(prompts)  # replaced by their tokens (or prepared inputs) below
@@ -160,7 +165,7 @@ class Engine:
         for i, ids in zip(texts, model.tokenizer.encode_prompts([prompts[i] for i in texts]), strict=True):
             inputs[i] = ids
         tokenize_s = time.monotonic() - started
-        result = self._embedded(inputs, info, truncate, timeout_s, labels, embd_normalize, dimensions)
+        result = self._embedded(inputs, info, truncate, timeout_s, labels, embd_normalize, dimensions, direction)
         result.timings.tokenize_s += tokenize_s
         return result
 
@@ -216,17 +221,20 @@ class Engine:
 
     def embed(self, token_lists: Sequence[list[int] | ImageInput | PreparedInput], *, truncate: bool | None = None,
               timeout_s: float = 3600, labels: Sequence[str] | None = None, embd_normalize: int = -1,
-              dimensions: int | None = None) -> EmbedResult:
+              dimensions: int | None = None, truncation_direction: str = "right") -> EmbedResult:
         """Embed already tokenized inputs, images, and prepared vision-language inputs. Each vector is finished
         as a request asks (engine/compute/normalize.py): cut to its first `dimensions` components, then
         normalized as llama's `embd_normalize` says (default -1: raw); per-token rows (pooling none) are cut
         only, a multi-vector model's rows come as the model normalized them (it refuses `dimensions`).
 
         Images for an image tower are decoded and preprocessed here, on the caller's thread; a bad one raises
-        InvalidImage naming its input index.
+        InvalidImage naming its input index. When an over-long input is cut, `truncation_direction` (TEI's
+        field: "right" / "Right", the default, cuts its end; "left" / "Left" keeps its end) says which side goes;
+        the template's special tokens stay either way.
         """
         info = self._embedding(len(token_lists), dimensions)
-        return self._embedded(token_lists, info, truncate, timeout_s, labels, embd_normalize, dimensions)
+        direction = fitting.truncation_direction(truncation_direction)
+        return self._embedded(token_lists, info, truncate, timeout_s, labels, embd_normalize, dimensions, direction)
 
     def _embedding(self, n_inputs: int, dimensions: int | None) -> ModelInfo:
         """An embedding request's checks before any work: an embedder, a `dimensions` it takes, a count it queues."""
@@ -237,7 +245,7 @@ class Engine:
 
     def _embedded(self, token_lists: Sequence[list[int] | ImageInput | PreparedInput], info: ModelInfo,
                   truncate: bool | None, timeout_s: float, labels: Sequence[str] | None, embd_normalize: int,
-                  dimensions: int | None) -> EmbedResult:
+                  dimensions: int | None, direction: str = "right") -> EmbedResult:
         model = self._served()
         cut = self.options.truncate if truncate is None else truncate
         started = time.monotonic()
@@ -245,8 +253,9 @@ class Engine:
             token_lists = [self._prepare(_label(labels, i), item, None) if isinstance(item, ImageInput) else item
                            for i, item in enumerate(token_lists)]
         fitted = [self._image_work(_label(labels, i), item, info) if isinstance(item, ImageInput) else
-                  model.fitter.fit_prepared(_label(labels, i), item, cut) if isinstance(item, PreparedInput) else
-                  model.fitter.fit(item, cut) for i, item in enumerate(token_lists)]
+                  model.fitter.fit_prepared(_label(labels, i), item, cut, direction)
+                  if isinstance(item, PreparedInput) else
+                  model.fitter.fit(item, cut, direction) for i, item in enumerate(token_lists)]
         preprocess_s = time.monotonic() - started
         results, timings = self._serve(fitted, None, timeout_s)
         timings.tokenize_s += preprocess_s
@@ -278,11 +287,15 @@ class Engine:
 
     # -- reranking --------------------------------------------------------------------------------
     def rerank(self, query: RerankItem, documents: Sequence[RerankItem], *, truncate: bool | None = None,
-               instruction: str | None = None, timeout_s: float = 3600) -> RerankResult:
+               instruction: str | None = None, max_chunks: int | None = None,
+               timeout_s: float = 3600) -> RerankResult:
         """Score every (query, document) pair; scores come back in document order.
 
         `instruction` (generative rerankers only) overrides the server's <Instruct> text. The query and the
         documents are texts, or images (with any text beside them) for rerankers that take images.
+        `max_chunks` (None: the server's rerank_chunks; 0: off) splits each document over the limit into at most
+        that many overlapping windows (engine/runtime/fitting.py `document_windows`), scored with the other pairs;
+        the document's score is its best window's, its n_tokens every window's. Text rerankers only.
         """
         info = self.info
         if not info.is_reranker:
@@ -296,12 +309,26 @@ class Engine:
             raise InvalidInput(f"{images[0]} is an image, but this reranker "
                                f"({info.architecture or info.model_type}) scores text only")
         cut = self.options.truncate if truncate is None else truncate
+        chunks = self.options.rerank_chunks if max_chunks is None else max_chunks
+        if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 0:
+            raise InvalidInput(f"max_chunks must be a non-negative integer (0: off), not {chunks!r}")
         model = self._served()
+        if chunks and (model.pairs is not None or images):
+            raise InvalidInput(f"splitting long documents into windows (max_chunks) is only for text rerankers; "
+                               f"this one ({info.architecture or info.model_type}) builds pairs that may hold "
+                               f"images: leave max_chunks off")
         if model.pairs is not None:
             return self._rerank_pairs(query, documents, instruction or self.options.rerank_instruction, info, cut,
                                       timeout_s)
         started = time.monotonic()
-        if model.prompt is not None:
+        owners = list(range(len(documents)))
+        if chunks and model.prompt is not None:
+            prompts, owners = model.fitter.chunk_prompts(query, documents,
+                                                         instruction or self.options.rerank_instruction, chunks)
+            pairs = [(ids, None) for ids in prompts]
+        elif chunks:
+            pairs, owners = model.fitter.chunk_pairs(query, documents, chunks)
+        elif model.prompt is not None:
             task = instruction or self.options.rerank_instruction
             rendered = model.tokenizer.encode_batch([model.prompt.render(query, doc, task) for doc in documents],
                                                     add_special=False)
@@ -316,7 +343,12 @@ class Engine:
         scores = [float(r.value) for r in results]
         if self.options.rerank_sigmoid and info.kind == registry.CROSS_ENCODER and not model.scores_are_probabilities:
             scores = [1.0 / (1.0 + math.exp(-s)) for s in scores]
-        return RerankResult(scores=scores, n_tokens=[len(ids) for ids, _ in pairs], timings=timings)
+        best = [-math.inf] * len(documents)
+        n_tokens = [0] * len(documents)
+        for owner, score, (ids, _) in zip(owners, scores, pairs, strict=True):
+            best[owner] = max(best[owner], score)
+            n_tokens[owner] += len(ids)
+        return RerankResult(scores=best, n_tokens=n_tokens, timings=timings)
 
     def _rerank_pairs(self, query: RerankItem, documents: Sequence[RerankItem], instruction: str | None,
                       info: ModelInfo, truncate: bool, timeout_s: float) -> RerankResult:

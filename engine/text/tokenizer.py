@@ -45,7 +45,7 @@ class TextTokenizer:
         self.n_vocab = self._parsing.get_vocab_size(with_added_tokens=True)
         self._special_ids = {t["id"] for t in spec.get("added_tokens", []) if t.get("special")}
         self._byte_decoder = _bytes_to_unicode() if self._model_kind == "BPE" else None
-        self.trailing_specials = self._trailing_specials()
+        self.leading_specials, self.trailing_specials = self._special_edges()
         cfg = checkpoint.tokenizer_config
         self.pad_id = self._token_id(cfg.get("pad_token"), checkpoint.config.get("pad_token_id"))
         self.bos_token = special_token_text(cfg.get("cls_token") or cfg.get("bos_token")) or ""
@@ -62,6 +62,12 @@ class TextTokenizer:
             return []
         tok = self._parsing if parse_special else self._literal
         return [enc.ids for enc in tok.encode_batch_fast(list(texts), add_special_tokens=add_special)]
+
+    def token_spans(self, text: str) -> list[tuple[int, int, int | None]]:
+        """(start, end, word) of each token of `text` (no special tokens): its characters in `text` and the
+        index of the pre-tokenizer word it belongs to (None where the tokenizer does not say)."""
+        enc = self._parsing.encode(text, add_special_tokens=False)
+        return [(start, end, word) for (start, end), word in zip(enc.offsets, enc.word_ids, strict=True)]
 
     def encode_prompt(self, parts: Sequence[str | int], add_special: bool = True,
                       parse_special: bool = True) -> list[int]:
@@ -116,22 +122,30 @@ class TextTokenizer:
         """Each token's text as llama-server shows it: word starts keep their leading space."""
         return [self._piece(i) for i in ids]
 
-    def truncate(self, ids: list[int], limit: int) -> list[int]:
-        """Cut from the right to `limit` tokens, keeping the trailing special tokens the template appended."""
+    def truncate(self, ids: list[int], limit: int, direction: str = "right") -> list[int]:
+        """Cut to `limit` tokens, keeping the trailing special tokens the template appended: from the right, or
+        (direction "left", TEI's truncation_direction) from the left, keeping the end and the leading special
+        tokens the template prepended."""
         if len(ids) <= limit:
             return ids
         tail = self.trailing_specials
-        if tail and len(ids) >= len(tail) and ids[-len(tail):] == tail and limit > len(tail):
-            return ids[: limit - len(tail)] + tail
-        return ids[:limit]
+        has_tail = bool(tail) and len(ids) >= len(tail) and ids[-len(tail):] == tail and limit > len(tail)
+        if direction != "left":
+            return ids[: limit - len(tail)] + tail if has_tail else ids[:limit]
+        head = self.leading_specials
+        tail = tail if has_tail else []
+        if head and ids[:len(head)] == head and limit > len(head) + len(tail):
+            return head + ids[len(ids) - (limit - len(head)):]
+        return ids[len(ids) - limit:]
 
-    def _trailing_specials(self) -> list[int]:
+    def _special_edges(self) -> tuple[list[int], list[int]]:
+        """The special tokens the template puts before and after a text's own tokens."""
         with_specials = self._parsing.encode("a", add_special_tokens=True).ids
         plain = self._parsing.encode("a", add_special_tokens=False).ids
         for start in range(len(with_specials) - len(plain) + 1):
             if with_specials[start:start + len(plain)] == plain:
-                return with_specials[start + len(plain):]
-        return []
+                return with_specials[:start], with_specials[start + len(plain):]
+        return [], []
 
     def _piece(self, token_id: int) -> str | list[int]:
         token = self._parsing.id_to_token(token_id)

@@ -137,10 +137,12 @@ class FakeEngine:
                            timings=Timings(tokenize_s=0.0, queue_s=0.002, inference_s=0.0125))
 
     def rerank(self, query: str | ImageInput, documents: Sequence[str | ImageInput], *, truncate: bool | None = None,
-               instruction: str | None = None, timeout_s: float = 3600) -> RerankResult:
-        """Raises what Engine.rerank raises, in its order; truncate None means the fake's --no-truncate."""
+               instruction: str | None = None, max_chunks: int | None = None,
+               timeout_s: float = 3600) -> RerankResult:
+        """Raises what Engine.rerank raises, in its order; truncate None means the fake's --no-truncate. Records
+        `max_chunks` (the real engine's windows are tested in tests/engine/test_rerank_chunks.py)."""
         self.rerank_calls.append({"query": query, "documents": list(documents), "truncate": truncate,
-                                  "instruction": instruction, "timeout_s": timeout_s})
+                                  "instruction": instruction, "max_chunks": max_chunks, "timeout_s": timeout_s})
         if not self.info.is_reranker:
             raise InvalidInput("this server runs an embedding model: start a reranker with --reranking")
         if instruction is not None and self.info.kind != "generative-reranker":

@@ -253,3 +253,10 @@ def test_the_rerank_route_and_mlx_rerank_give_the_engines_scores(checkpoint, eng
     out = orjson.loads(capsys.readouterr().out)
     assert out["kind"] == "generative-reranker" and out["prompt_tokens"] == sum(expected.n_tokens)
     np.testing.assert_allclose(out["scores"], expected.scores, atol=1e-6, rtol=0)
+
+
+def test_max_chunks_is_refused_naming_the_reranker(engine):
+    """Long-document windows are for text rerankers: this one builds pairs that may hold images."""
+    with pytest.raises(InvalidInput, match=r"only for text rerankers; this one \(Qwen3VL"):
+        engine.rerank("revenue", ["a chart"], max_chunks=2)
+    assert len(engine.rerank("revenue", ["a chart"], max_chunks=0).scores) == 1
