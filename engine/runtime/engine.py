@@ -23,7 +23,16 @@ from engine.runtime.scheduler import BatchLimits
 from engine.runtime.worker import ImageWork, ItemResult, Runner, Worker
 from engine.text.prompts import choose_prompt, format_prompts, is_text
 from engine.text.tokenizer import TextTokenizer
-from engine.types import EmbedResult, EngineOptions, ImageInput, ModelInfo, RerankItem, RerankResult, Timings
+from engine.types import (
+    EmbedResult,
+    EngineOptions,
+    ImageInput,
+    ModelInfo,
+    RerankItem,
+    RerankResult,
+    Timings,
+    TokenSpan,
+)
 
 T = TypeVar("T")
 
@@ -104,9 +113,13 @@ class Engine:
         model = self._served()
         return model.tokenizer.pieces(model.fitter.known(ids))
 
-    def decode(self, ids: Sequence[int]) -> str:
+    def decode(self, ids: Sequence[int], skip_special: bool = False) -> str:
         model = self._served()
-        return model.tokenizer.decode(model.fitter.known(ids))
+        return model.tokenizer.decode(model.fitter.known(ids), skip_special)
+
+    def token_spans(self, text: str, add_special: bool = True) -> list[TokenSpan]:
+        """`text`'s tokens with their texts, whether special, and UTF-8 byte offsets (TEI's /tokenize)."""
+        return self.tokenizer.token_spans(text, add_special)
 
     def check_count(self, n_inputs: int) -> None:
         """TooManyInputs when one request has more inputs than the engine queue can ever hold. embed, embed_prompts
@@ -138,17 +151,22 @@ class Engine:
     def embed_prompts(self, prompts: Sequence[Sequence[str | int] | ImageInput], *, truncate: bool | None = None,
                       timeout_s: float = 3600, prompt_name: str | None = None, instruction: str | None = None,
                       labels: Sequence[str] | None = None, embd_normalize: int = -1,
-                      dimensions: int | None = None) -> EmbedResult:
+                      dimensions: int | None = None, truncate_left: bool = False) -> EmbedResult:
         """Tokenize llama-server prompts (text and token-id parts, see encode_prompt) in one batched call on
         the caller's thread, then embed them with any images among them, finished as `embed` finishes them.
 
         A vision-language family builds every text or image input itself (engine/multimodal/inputs.py), receiving
         `instruction` or the text of `prompt_name` when it takes one; other families had those applied by
         format_prompts and ignore them here. Token-id prompts are embedded verbatim by every family. `labels`
-        name the inputs in errors (default "input 0", "input 1", ...).
+        name the inputs in errors (default "input 0", "input 1", ...). `truncate_left`: an input that is cut
+        loses its start rather than its end (TEI's truncation_direction Left); a model whose inputs go through
+        a chat template or a prompt builder refuses it (their template's start would be cut).
         """
         info = self._embedding(len(prompts), dimensions)
         model = self._served()
+        if truncate_left and (model.builder is not None or model.chat is not None):
+            raise InvalidInput("truncation on the left is not supported for this model: its inputs go through "
+                               "its chat template or prompt format, whose start would be cut")
         started = time.monotonic()
         inputs: list = list(prompts)  # replaced by their tokens (or prepared inputs) below
         if model.builder is not None:
@@ -160,7 +178,8 @@ class Engine:
         for i, ids in zip(texts, model.tokenizer.encode_prompts([prompts[i] for i in texts]), strict=True):
             inputs[i] = ids
         tokenize_s = time.monotonic() - started
-        result = self._embedded(inputs, info, truncate, timeout_s, labels, embd_normalize, dimensions)
+        result = self._embedded(inputs, info, truncate, timeout_s, labels, embd_normalize, dimensions,
+                                truncate_left)
         result.timings.tokenize_s += tokenize_s
         return result
 
@@ -237,7 +256,7 @@ class Engine:
 
     def _embedded(self, token_lists: Sequence[list[int] | ImageInput | PreparedInput], info: ModelInfo,
                   truncate: bool | None, timeout_s: float, labels: Sequence[str] | None, embd_normalize: int,
-                  dimensions: int | None) -> EmbedResult:
+                  dimensions: int | None, truncate_left: bool = False) -> EmbedResult:
         model = self._served()
         cut = self.options.truncate if truncate is None else truncate
         started = time.monotonic()
@@ -246,7 +265,7 @@ class Engine:
                            for i, item in enumerate(token_lists)]
         fitted = [self._image_work(_label(labels, i), item, info) if isinstance(item, ImageInput) else
                   model.fitter.fit_prepared(_label(labels, i), item, cut) if isinstance(item, PreparedInput) else
-                  model.fitter.fit(item, cut) for i, item in enumerate(token_lists)]
+                  model.fitter.fit(item, cut, truncate_left) for i, item in enumerate(token_lists)]
         preprocess_s = time.monotonic() - started
         results, timings = self._serve(fitted, None, timeout_s)
         timings.tokenize_s += preprocess_s

@@ -36,15 +36,16 @@ class InputFitter:
             raise InvalidTokens("Prompt contains invalid tokens")
         return ids
 
-    def fit(self, ids: list[int], truncate: bool) -> list[int]:
-        """One tokenized input within the limit: cut (keeping the trailing special tokens) or refused."""
+    def fit(self, ids: list[int], truncate: bool, left: bool = False) -> list[int]:
+        """One tokenized input within the limit: cut (keeping the trailing special tokens; `left`: from the
+        start, keeping the leading ones too) or refused."""
         if not ids:
             raise EmptyInput("Input content cannot be empty")
         self.known(ids)
         if len(ids) <= self.info.max_input_tokens:
             return ids
         if truncate:
-            return self.tokenizer.truncate(ids, self.info.truncate_tokens)
+            return self.tokenizer.truncate(ids, self.info.truncate_tokens, left)
         self.too_long(len(ids))
         return ids
 

@@ -11,7 +11,7 @@ from tokenizers import Tokenizer
 from engine.text import sentencepiece as spm
 from engine.checkpoint import Checkpoint, special_token_text
 from engine.errors import UnsupportedCheckpoint
-from engine.types import VocabType
+from engine.types import TokenSpan, VocabType
 
 _VOCAB_TYPES = {"WordPiece": VocabType.WPM, "BPE": VocabType.BPE, "Unigram": VocabType.UGM}
 
@@ -45,7 +45,7 @@ class TextTokenizer:
         self.n_vocab = self._parsing.get_vocab_size(with_added_tokens=True)
         self._special_ids = {t["id"] for t in spec.get("added_tokens", []) if t.get("special")}
         self._byte_decoder = _bytes_to_unicode() if self._model_kind == "BPE" else None
-        self.trailing_specials = self._trailing_specials()
+        self.leading_specials, self.trailing_specials = self._special_ends()
         cfg = checkpoint.tokenizer_config
         self.pad_id = self._token_id(cfg.get("pad_token"), checkpoint.config.get("pad_token_id"))
         self.bos_token = special_token_text(cfg.get("cls_token") or cfg.get("bos_token")) or ""
@@ -109,29 +109,56 @@ class TextTokenizer:
                 self._truncating[max_length] = tok
             return tok
 
-    def decode(self, ids: Sequence[int]) -> str:
-        return self._parsing.decode(list(ids), skip_special_tokens=False)
+    def decode(self, ids: Sequence[int], skip_special: bool = False) -> str:
+        return self._parsing.decode(list(ids), skip_special_tokens=skip_special)
+
+    def token_spans(self, text: str, add_special: bool = True) -> list[TokenSpan]:
+        """`text`'s tokens with where each came from: (id, text, special, start, stop), offsets in UTF-8 bytes
+        of `text`; a special token has its own text and no offsets (TEI's /tokenize)."""
+        encoding = self._parsing.encode(text, add_special_tokens=add_special)
+        raw = text.encode("utf-8")
+        # the library's offsets count characters: the byte offset of each character boundary
+        byte_at = [0]
+        for ch in text:
+            byte_at.append(byte_at[-1] + len(ch.encode("utf-8")))
+        spans: list[TokenSpan] = []
+        for token_id, (start, stop), special, token in zip(encoding.ids, encoding.offsets,
+                                                           encoding.special_tokens_mask, encoding.tokens):
+            if special:
+                spans.append(TokenSpan(token_id, token, True, None, None))
+                continue
+            first, last = byte_at[start], byte_at[stop]
+            spans.append(TokenSpan(token_id, raw[first:last].decode("utf-8", errors="replace"), False, first, last))
+        return spans
 
     def pieces(self, ids: Sequence[int]) -> list[str | list[int]]:
         """Each token's text as llama-server shows it: word starts keep their leading space."""
         return [self._piece(i) for i in ids]
 
-    def truncate(self, ids: list[int], limit: int) -> list[int]:
-        """Cut from the right to `limit` tokens, keeping the trailing special tokens the template appended."""
+    def truncate(self, ids: list[int], limit: int, left: bool = False) -> list[int]:
+        """Cut from the right to `limit` tokens, keeping the trailing special tokens the template appended;
+        `left`: cut from the start instead, keeping the leading special tokens too (TEI's Left direction)."""
         if len(ids) <= limit:
             return ids
         tail = self.trailing_specials
-        if tail and len(ids) >= len(tail) and ids[-len(tail):] == tail and limit > len(tail):
-            return ids[: limit - len(tail)] + tail
-        return ids[:limit]
+        has_tail = bool(tail) and len(ids) >= len(tail) and ids[-len(tail):] == tail and limit > len(tail)
+        if not left:
+            return ids[: limit - len(tail)] + tail if has_tail else ids[:limit]
+        tail = tail if has_tail else []
+        head = self.leading_specials
+        if not (head and ids[:len(head)] == head and limit > len(head) + len(tail)):
+            head = []
+        keep = limit - len(head) - len(tail)
+        return head + ids[len(ids) - len(tail) - keep:len(ids) - len(tail)] + tail
 
-    def _trailing_specials(self) -> list[int]:
+    def _special_ends(self) -> tuple[list[int], list[int]]:
+        """The special tokens the template puts before and after a text."""
         with_specials = self._parsing.encode("a", add_special_tokens=True).ids
         plain = self._parsing.encode("a", add_special_tokens=False).ids
         for start in range(len(with_specials) - len(plain) + 1):
             if with_specials[start:start + len(plain)] == plain:
-                return with_specials[start + len(plain):]
-        return []
+                return with_specials[:start], with_specials[start + len(plain):]
+        return [], []
 
     def _piece(self, token_id: int) -> str | list[int]:
         token = self._parsing.id_to_token(token_id)
