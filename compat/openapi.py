@@ -16,7 +16,7 @@ import falcon
 import falcon.inspect
 
 from compat.middleware import PUBLIC_PATHS, normalize_prefix
-from compat.openapi_tei import TEI_OPERATIONS, tei_schemas
+from compat.openapi_tei import TEI_OPERATIONS, tei_answers, tei_schemas
 from compat.wire.inputs import MAX_JSON_DEPTH
 
 if TYPE_CHECKING:
@@ -219,7 +219,7 @@ _OPERATIONS: dict[str, dict[str, Schema]] = {
     "/tokenize": {"post": {"summary": "text to token ids (TEI's token objects when the body has `inputs`)",
                            "requestBody": {"required": True, "content": {JSON: {"schema": {"anyOf": [
                                _ref("TokenizeRequest"), _ref("TeiTokenizeRequest")]}}}},
-                           "responses": _ok(_one_of("Tokens", "TeiTokens"))}},
+                           "responses": tei_answers(_one_of("Tokens", "TeiTokens"), llama_errors=True)}},
     "/detokenize": {"post": {"summary": "token ids to text", "requestBody": _body("DetokenizeRequest"),
                              "responses": _ok(_ref("Content"))}},
     "/props": {"get": {"summary": "server and model properties", "parameters": [_MODEL_QUERY],

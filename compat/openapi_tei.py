@@ -77,8 +77,11 @@ def _body(schema: Schema) -> Schema:
     return {"required": True, "content": {JSON: {"schema": schema}}}
 
 
-def _answers(schema: Schema) -> Schema:
-    error = {"content": {JSON: {"schema": _ref("TeiError")}}}
+def tei_answers(schema: Schema, *, llama_errors: bool = False) -> Schema:
+    """200 with `schema`, and TEI's error statuses; llama_errors: the route also answers llama's envelope
+    (POST /tokenize: TEI's body only when the request has `inputs`)."""
+    error_schema = {"anyOf": [_ref("Error"), _ref("TeiError")]} if llama_errors else _ref("TeiError")
+    error = {"content": {JSON: {"schema": error_schema}}}
     return {"200": {"description": "success", "content": {JSON: {"schema": schema}}},
             **{status: {"description": what, **error} for status, what in (
                 ("400", "Empty: an empty input"), ("413", "Validation: an input over the limit, too many inputs"),
@@ -89,19 +92,19 @@ def _answers(schema: Schema) -> Schema:
 
 TEI_OPERATIONS: dict[str, dict[str, Schema]] = {
     "/embed": {"post": {"summary": "TEI: embeddings as a bare [[float]]", "requestBody": _body(_ref("TeiEmbedRequest")),
-                        "responses": _answers(_ref("TeiEmbeddings"))}},
+                        "responses": tei_answers(_ref("TeiEmbeddings"))}},
     "/embed_all": {"post": {"summary": "TEI: each input's per-token rows (a model served with --pooling none)",
                             "requestBody": _body(_ref("TeiEmbedAllRequest")),
-                            "responses": _answers(_ref("TeiTokenEmbeddings"))}},
+                            "responses": tei_answers(_ref("TeiTokenEmbeddings"))}},
     "/similarity": {"post": {"summary": "TEI: the cosine of each sentence with the source sentence",
                              "requestBody": _body(_ref("TeiSimilarityRequest")),
-                             "responses": _answers(_ref("TeiSimilarity"))}},
+                             "responses": tei_answers(_ref("TeiSimilarity"))}},
     "/": {"post": {"summary": "TEI's root route (huggingface_hub's InferenceClient): /embed, or /similarity when "
                               "`inputs` is {source_sentence, sentences}",
                    "requestBody": _body({"anyOf": [_ref("TeiEmbedRequest"), _ref("TeiSimilarityRequest")]}),
-                   "responses": _answers({"anyOf": [_ref("TeiEmbeddings"), _ref("TeiSimilarity")]})}},
+                   "responses": tei_answers({"anyOf": [_ref("TeiEmbeddings"), _ref("TeiSimilarity")]})}},
     "/decode": {"post": {"summary": "TEI: token ids back to text, one string per list",
-                         "requestBody": _body(_ref("TeiDecodeRequest")), "responses": _answers(_ref("TeiDecoded"))}},
+                         "requestBody": _body(_ref("TeiDecodeRequest")), "responses": tei_answers(_ref("TeiDecoded"))}},
     "/info": {"get": {"summary": "TEI's Info: the model and the server's limits",
                       "responses": {"200": {"description": "success",
                                             "content": {JSON: {"schema": _ref("TeiInfo")}}}}}},

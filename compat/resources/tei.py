@@ -9,10 +9,10 @@ from contextlib import contextmanager
 import falcon
 
 from compat.catalog import EMBEDDING
-from compat.errors import ApiError, check_client_batch
+from compat.errors import ApiError, check_client_batch, not_supported
 from compat.resources.embeddings import embed_request_prompts
 from compat.resources.leasing import model_request
-from compat.routing import Models, Served
+from compat.routing import EMBEDDINGS_DISABLED, Models, Served
 from compat.wire.tei import (
     TeiError,
     check_embed_all,
@@ -101,6 +101,8 @@ class TeiRootResource:
         with tei_errors(), model_request(req, self._models, None) as (served, body):
             if served.engine.info.is_reranker:
                 raise TeiError("Backend", RERANKER_ROOT)
+            if not served.settings.embedding:  # as /embed: embeddings need --embedding
+                raise not_supported(EMBEDDINGS_DISABLED)
             request = body()
             answer = _similarity(served, request) if is_similarity(request) else _embed(served, request,
                                                                                         per_token=False)

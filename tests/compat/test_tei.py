@@ -232,3 +232,12 @@ def test_request_schemas_name_exactly_the_fields_the_parsers_read(client):
     assert _fields_read(tei.parse_similarity_request, similarity) == properties("TeiSimilarityRequest")
     assert _fields_read(tei.parse_tokenize_request, {"inputs": "a"}) == properties("TeiTokenizeRequest")
     assert _fields_read(tei.parse_decode_request, {"ids": [1]}) == properties("TeiDecodeRequest")
+
+
+def test_embedding_routes_need_embedding_enabled(make_client):
+    client = make_client()
+    for path in ("/", "/embed", "/similarity"):
+        body = {"inputs": {"source_sentence": "a", "sentences": ["b"]}} if path == "/similarity" else {"inputs": "a"}
+        res = client.simulate_post(path, json=body)
+        assert (res.status_code, res.json["error_type"]) == (424, "Backend"), path
+        assert "--embeddings" in res.json["error"]
