@@ -34,6 +34,7 @@ from compat.resources.maxsim import MaxSimResource
 from compat.resources.model_management import ModelActionResource, ModelsResource, PropsResource
 from compat.resources.ollama import ollama_routes
 from compat.resources.rerank import RerankResource
+from compat.resources.tei import tei_routes
 from compat.resources.tokenize import DetokenizeResource, TokenizeResource
 from compat.resources.unsupported import UnsupportedRouteResource, not_served_message
 from compat.routing import ModelRouter, Models, SingleModel
@@ -107,6 +108,7 @@ def create_app(settings: Settings, engine: Engine | ModelRouter, lifecycle: Life
         # ours: late-interaction scoring for multi-vector models (docs/routes.md, "Multi-vector output and MaxSim")
         **{path: maxsim for path in ("/maxsim", "/v1/maxsim")},
         **ollama_routes(models, settings),  # Ollama's /api/embed, /api/embeddings, /api/tags, ... (docs/routes.md)
+        **tei_routes(models, _version()),  # Text Embeddings Inference's native routes (docs/routes.md)
         # generation routes exist in llama-server; here they say why they are missing instead of 404
         **{path: UnsupportedRouteResource(not_served_message(path))
            for path in ("/completion", "/completions", "/v1/completions", "/chat/completions",

@@ -18,6 +18,7 @@ import falcon.inspect
 from compat.middleware import PUBLIC_PATHS, normalize_prefix
 from compat.openapi_ollama import OPERATIONS as OLLAMA_OPERATIONS
 from compat.openapi_ollama import SCHEMAS as OLLAMA_SCHEMAS
+from compat.openapi_tei import TEI_OPERATIONS, tei_answers, tei_schemas
 from compat.wire.inputs import MAX_JSON_DEPTH
 
 if TYPE_CHECKING:
@@ -219,8 +220,10 @@ _OPERATIONS: dict[str, dict[str, Schema]] = {
     "/v1/maxsim": _MAXSIM,
     "/v2/rerank": {"post": {"summary": "rerank documents (Cohere v2)", "requestBody": _body("RerankRequest"),
                             "responses": _ok(_ref("CohereV2Rerank"))}},
-    "/tokenize": {"post": {"summary": "text to token ids", "requestBody": _body("TokenizeRequest"),
-                           "responses": _ok(_ref("Tokens"))}},
+    "/tokenize": {"post": {"summary": "text to token ids (TEI's token objects when the body has `inputs`)",
+                           "requestBody": {"required": True, "content": {JSON: {"schema": {"anyOf": [
+                               _ref("TokenizeRequest"), _ref("TeiTokenizeRequest")]}}}},
+                           "responses": tei_answers(_one_of("Tokens", "TeiTokens"), llama_errors=True)}},
     "/detokenize": {"post": {"summary": "token ids to text", "requestBody": _body("DetokenizeRequest"),
                              "responses": _ok(_ref("Content"))}},
     "/props": {"get": {"summary": "server and model properties", "parameters": [_MODEL_QUERY],
@@ -240,6 +243,7 @@ _OPERATIONS: dict[str, dict[str, Schema]] = {
                          "responses": _ok(_STRING, media="text/plain")}},
     "/openapi.json": {"get": {"summary": "this document", "responses": _ok({"type": "object"})}},
     **OLLAMA_OPERATIONS,  # Ollama's /api/... routes
+    **TEI_OPERATIONS,
     **{path: _NOT_SERVED for path in ("/completion", "/completions", "/v1/completions", "/chat/completions",
                                       "/v1/chat/completions", "/infill", "/v1/responses", "/v1/messages",
                                       "/apply-template")},
@@ -292,7 +296,7 @@ def openapi_document(app: falcon.App, settings: Settings, version: str) -> Schem
                                 f"{MAX_JSON_DEPTH} levels."},
         "servers": [{"url": normalize_prefix(settings.api_prefix) or "/"}],
         "paths": dict(sorted(paths.items())),
-        "components": {"schemas": _schemas(settings)},
+        "components": {"schemas": {**_schemas(settings), **tei_schemas(settings.max_client_batch_size)}},
     }
     if secured:
         document["components"]["securitySchemes"] = {

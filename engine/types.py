@@ -3,7 +3,17 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Union
+from typing import NamedTuple, Union
+
+
+class TokenSpan(NamedTuple):
+    """One token of a text and where it came from (TEI's /tokenize)."""
+
+    id: int
+    text: str  # the text it covers; a special token's own text
+    special: bool
+    start: int | None  # UTF-8 byte offsets in the text; None for a special token
+    stop: int | None
 
 
 class Pooling(str, enum.Enum):

@@ -39,19 +39,22 @@ class EmbeddingsResource:
 
 
 def embed_request_prompts(served: Served, prompts: list[Prompt], truncate: bool | None, prompt_name: str | None,
-                          instruction: str | None, embd_normalize: int, dimensions: int | None) -> EmbedResult:
+                          instruction: str | None, embd_normalize: int, dimensions: int | None,
+                          truncation_direction: str = "right") -> EmbedResult:
     """A request's prompts through the engine: images fetched here (the engine decodes them, and tokenizes the
     texts, off its thread); prompt_name / instruction applied as the model's family does; the vectors come back
-    finished by the engine (dimensions, then embd_normalize)."""
+    finished by the engine (dimensions, then embd_normalize); truncation_direction "left": cut inputs lose
+    their start (TEI's Left)."""
     engine = served.engine
     engine.check_count(len(prompts))  # before any image is fetched
     labels = [f"input {i}" for i in range(len(prompts))]
     if engine.info.vision_language:  # the family formats texts and images alike
         return engine.embed_prompts(with_images(labels, prompts, served.settings), truncate=truncate,
                                     timeout_s=served.remaining_s, prompt_name=prompt_name, instruction=instruction,
-                                    embd_normalize=embd_normalize, dimensions=dimensions)
+                                    embd_normalize=embd_normalize, dimensions=dimensions,
+                                    truncation_direction=truncation_direction)
     texts = iter(engine.format_prompts([p for p in prompts if not has_media(p)], prompt_name, instruction, truncate))
     inputs = with_images(labels, prompts, served.settings)
     return engine.embed_prompts([item if isinstance(item, ImageInput) else next(texts) for item in inputs],
                                 truncate=truncate, timeout_s=served.remaining_s, embd_normalize=embd_normalize,
-                                dimensions=dimensions)
+                                dimensions=dimensions, truncation_direction=truncation_direction)

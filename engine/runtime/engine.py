@@ -23,7 +23,16 @@ from engine.runtime.scheduler import BatchLimits
 from engine.runtime.worker import ImageWork, ItemResult, Runner, Worker
 from engine.text.prompts import choose_prompt, format_prompts, is_text
 from engine.text.tokenizer import TextTokenizer
-from engine.types import EmbedResult, EngineOptions, ImageInput, ModelInfo, RerankItem, RerankResult, Timings
+from engine.types import (
+    EmbedResult,
+    EngineOptions,
+    ImageInput,
+    ModelInfo,
+    RerankItem,
+    RerankResult,
+    Timings,
+    TokenSpan,
+)
 
 T = TypeVar("T")
 
@@ -104,9 +113,13 @@ class Engine:
         model = self._served()
         return model.tokenizer.pieces(model.fitter.known(ids))
 
-    def decode(self, ids: Sequence[int]) -> str:
+    def decode(self, ids: Sequence[int], skip_special: bool = False) -> str:
         model = self._served()
-        return model.tokenizer.decode(model.fitter.known(ids))
+        return model.tokenizer.decode(model.fitter.known(ids), skip_special)
+
+    def token_spans(self, text: str, add_special: bool = True) -> list[TokenSpan]:
+        """`text`'s tokens with their texts, whether special, and UTF-8 byte offsets (TEI's /tokenize)."""
+        return self.tokenizer.token_spans(text, add_special)
 
     def check_count(self, n_inputs: int) -> None:
         """TooManyInputs when one request has more inputs than the engine queue can ever hold. embed, embed_prompts

@@ -28,7 +28,7 @@ WINDOW_OVERLAP = 0.25
 
 
 def document_windows(spans: Sequence[tuple[int, int, int | None]], size: int, max_windows: int) -> list[tuple[int, int]]:
-    """A document's tokens (TextTokenizer.token_spans) as overlapping windows of at most `size` tokens, each a
+    """A document's tokens (TextTokenizer.word_spans) as overlapping windows of at most `size` tokens, each a
     (start, end) character span of the document; at most `max_windows` of them, the first ones (the rest of the
     document is dropped).
 
@@ -139,7 +139,7 @@ class InputFitter:
         if room < 1:
             raise InvalidInput(f"the query ({query_tokens} tokens with the pair's other tokens) leaves no room for "
                                f"a document window within the per-input limit of {self.pair_limit} tokens")
-        return [document[a:b] for a, b in document_windows(self.tokenizer.token_spans(document), room, max_chunks)]
+        return [document[a:b] for a, b in document_windows(self.tokenizer.word_spans(document), room, max_chunks)]
 
     def chunk_pairs(self, query: str, documents: Sequence[str],
                     max_chunks: int) -> tuple[list[tuple[list[int], list[int]]], list[int]]:

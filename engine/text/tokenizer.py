@@ -11,7 +11,7 @@ from tokenizers import Tokenizer
 from engine.text import sentencepiece as spm
 from engine.checkpoint import Checkpoint, special_token_text
 from engine.errors import UnsupportedCheckpoint
-from engine.types import VocabType
+from engine.types import TokenSpan, VocabType
 
 _VOCAB_TYPES = {"WordPiece": VocabType.WPM, "BPE": VocabType.BPE, "Unigram": VocabType.UGM}
 
@@ -63,7 +63,7 @@ class TextTokenizer:
         tok = self._parsing if parse_special else self._literal
         return [enc.ids for enc in tok.encode_batch_fast(list(texts), add_special_tokens=add_special)]
 
-    def token_spans(self, text: str) -> list[tuple[int, int, int | None]]:
+    def word_spans(self, text: str) -> list[tuple[int, int, int | None]]:
         """(start, end, word) of each token of `text` (no special tokens): its characters in `text` and the
         index of the pre-tokenizer word it belongs to (None where the tokenizer does not say)."""
         enc = self._parsing.encode(text, add_special_tokens=False)
@@ -115,8 +115,28 @@ class TextTokenizer:
                 self._truncating[max_length] = tok
             return tok
 
-    def decode(self, ids: Sequence[int]) -> str:
-        return self._parsing.decode(list(ids), skip_special_tokens=False)
+    def decode(self, ids: Sequence[int], skip_special: bool = False) -> str:
+        return self._parsing.decode(list(ids), skip_special_tokens=skip_special)
+
+    def token_spans(self, text: str, add_special: bool = True) -> list[TokenSpan]:
+        """`text`'s tokens with where each came from: (id, text, special, start, stop), offsets in UTF-8 bytes
+        of `text`; a special token has its own text and no offsets (TEI's /tokenize)."""
+        encoding = self._parsing.encode(text, add_special_tokens=add_special)
+        raw = text.encode("utf-8")
+        # the library's offsets count characters: the byte offset of each character boundary
+        byte_at = [0]
+        for ch in text:
+            byte_at.append(byte_at[-1] + len(ch.encode("utf-8")))
+        spans: list[TokenSpan] = []
+        for token_id, (start, stop), special, token in zip(encoding.ids, encoding.offsets,
+                                                           encoding.special_tokens_mask, encoding.tokens):
+            # the template's special tokens, and one spelled out in the text ("[SEP]"; not [UNK] standing for text)
+            if special or (token_id in self._special_ids and text[start:stop] == token):
+                spans.append(TokenSpan(token_id, token, True, None, None))
+                continue
+            first, last = byte_at[start], byte_at[stop]
+            spans.append(TokenSpan(token_id, raw[first:last].decode("utf-8", errors="replace"), False, first, last))
+        return spans
 
     def pieces(self, ids: Sequence[int]) -> list[str | list[int]]:
         """Each token's text as llama-server shows it: word starts keep their leading space."""

@@ -9,7 +9,7 @@ import numpy as np
 from engine.compute.normalize import finish
 from engine.errors import EmptyInput, InputTooLong, InvalidInput, InvalidTokens, TooManyInputs
 from engine.text.prompts import format_prompts
-from engine.types import EmbedResult, ImageInput, ModelInfo, Pooling, RerankResult, Timings, VocabType
+from engine.types import EmbedResult, ImageInput, ModelInfo, Pooling, RerankResult, Timings, TokenSpan, VocabType
 
 CLS, SEP = 101, 102
 N_VOCAB = 1000
@@ -103,18 +103,35 @@ class FakeEngine:
     def token_pieces(self, ids: Sequence[int]) -> list[str | list[int]]:
         return [[0xE2, 0x82] if t == 7 else " " + self._words.get(t, "?") for t in ids]
 
-    def decode(self, ids: Sequence[int]) -> str:
-        return " ".join(self._words.get(t, "?") for t in ids)
+    def decode(self, ids: Sequence[int], skip_special: bool = False) -> str:
+        return " ".join(self._words.get(t, "?") for t in ids if not (skip_special and t in (CLS, SEP)))
+
+    def token_spans(self, text: str, add_special: bool = True) -> list[TokenSpan]:
+        """Words split on single spaces, their UTF-8 byte offsets; [CLS]/[SEP] around them when add_special."""
+        spans, start = [], 0
+        for word in text.split(" "):
+            raw = len(word.encode("utf-8"))
+            if word:
+                spans.append(TokenSpan(word_id(word), word, False, start, start + raw))
+                self._words[word_id(word)] = word
+            start += raw + 1
+        if add_special:
+            spans = [TokenSpan(CLS, "[CLS]", True, None, None), *spans, TokenSpan(SEP, "[SEP]", True, None, None)]
+        return spans
 
     def embed_prompts(self, prompts: Sequence[Sequence[str | int]], *, truncate: bool | None = None,
-                      timeout_s: float = 3600, embd_normalize: int = -1, dimensions: int | None = None) -> EmbedResult:
+                      timeout_s: float = 3600, embd_normalize: int = -1, dimensions: int | None = None,
+                      truncation_direction: str = "right") -> EmbedResult:
         return self.embed([self.encode_prompt(parts) for parts in prompts], truncate=truncate, timeout_s=timeout_s,
-                          embd_normalize=embd_normalize, dimensions=dimensions)
+                          embd_normalize=embd_normalize, dimensions=dimensions,
+                          truncation_direction=truncation_direction)
 
     def embed(self, token_lists: list[list[int]], *, truncate: bool | None = None, timeout_s: float = 3600,
-              embd_normalize: int = -1, dimensions: int | None = None) -> EmbedResult:
-        """Vectors finished as the engine finishes them (engine.compute.normalize.finish)."""
-        self.embed_calls.append({"token_lists": token_lists, "truncate": truncate, "timeout_s": timeout_s})
+              embd_normalize: int = -1, dimensions: int | None = None, truncation_direction: str = "right") -> EmbedResult:
+        """Vectors finished as the engine finishes them (engine.compute.normalize.finish); a cut input keeps
+        its first max_input_tokens ids (truncation_direction left: its last)."""
+        self.embed_calls.append({"token_lists": token_lists, "truncate": truncate, "timeout_s": timeout_s,
+                                 "truncate_left": truncation_direction.lower() == "left"})
         if self.info.is_reranker:  # the engine's own words
             raise InvalidInput("this server runs a reranker (rank pooling): it serves /rerank, not embeddings")
         if self.raise_on_embed is not None:
@@ -126,7 +143,8 @@ class FakeEngine:
                 raise InvalidTokens("bad token")
             if len(ids) > self.info.max_input_tokens and not truncate:
                 raise InputTooLong(len(ids), self.info.max_input_tokens, self.limit_kind)
-        kept = [ids[: self.info.max_input_tokens] for ids in token_lists]
+        limit = self.info.max_input_tokens
+        kept = [ids[len(ids) - limit:] if truncation_direction.lower() == "left" and len(ids) > limit else ids[:limit] for ids in token_lists]
         make = token_rows if self.info.pooling is Pooling.NONE else pooled_vector
         vectors = [finish(make(ids) if self.fixed_vector is None else self.fixed_vector, embd_normalize, dimensions)
                    for ids in kept]

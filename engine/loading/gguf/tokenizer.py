@@ -64,8 +64,10 @@ class GGUFTokenizer(TextTokenizer):
             return [int(token[3:5], 16)]  # a byte-fallback token is its byte
         return super()._piece(token_id)
 
-    def decode(self, ids: Sequence[int]) -> str:
-        """llama-server's /detokenize: the pieces joined (special tokens as their text)."""
+    def decode(self, ids: Sequence[int], skip_special: bool = False) -> str:
+        """llama-server's /detokenize: the pieces joined (special tokens as their text, unless skip_special)."""
+        if skip_special:
+            ids = [i for i in ids if i not in self._special_ids]
         out = bytearray()
         for piece in self.pieces(ids):
             out += bytes(piece) if isinstance(piece, list) else piece.encode("utf-8")
