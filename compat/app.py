@@ -28,6 +28,7 @@ from compat.middleware import (
     TimingMiddleware,
 )
 from compat.openapi import OpenApiResource, openapi_document
+from compat.resources.cohere_embed import CohereEmbedResource
 from compat.resources.embeddings import EmbeddingsResource
 from compat.resources.info import HealthResource, MetricsResource, SlotsResource
 from compat.resources.maxsim import MaxSimResource
@@ -103,6 +104,8 @@ def create_app(settings: Settings, engine: Engine | ModelRouter, lifecycle: Life
         "/detokenize": DetokenizeResource(models),
         **{path: rerank for path in ("/rerank", "/reranking", "/v1/rerank", "/v1/reranking")},
         "/v2/rerank": RerankResource(models, cohere_v2=True),  # Cohere v2 clients
+        "/v1/embed": CohereEmbedResource(models, version=1),  # Cohere embed (docs/routes.md)
+        "/v2/embed": CohereEmbedResource(models, version=2),
         # ours: late-interaction scoring for multi-vector models (docs/routes.md, "Multi-vector output and MaxSim")
         **{path: maxsim for path in ("/maxsim", "/v1/maxsim")},
         # generation routes exist in llama-server; here they say why they are missing instead of 404
