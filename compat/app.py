@@ -34,6 +34,7 @@ from compat.resources.info import HealthResource, MetricsResource, SlotsResource
 from compat.resources.maxsim import MaxSimResource
 from compat.resources.model_management import ModelActionResource, ModelsResource, PropsResource
 from compat.resources.rerank import RerankResource
+from compat.resources.score import ScoreResource
 from compat.resources.tokenize import DetokenizeResource, TokenizeResource
 from compat.resources.unsupported import UnsupportedRouteResource, not_served_message
 from compat.routing import ModelRouter, Models, SingleModel
@@ -106,6 +107,7 @@ def create_app(settings: Settings, engine: Engine | ModelRouter, lifecycle: Life
         "/v2/rerank": RerankResource(models, cohere_v2=True),  # Cohere v2 clients
         "/v1/embed": CohereEmbedResource(models, version=1),  # Cohere embed (docs/routes.md)
         "/v2/embed": CohereEmbedResource(models, version=2),
+        **dict.fromkeys(("/score", "/v1/score"), ScoreResource(models)),  # vLLM's score API
         # ours: late-interaction scoring for multi-vector models (docs/routes.md, "Multi-vector output and MaxSim")
         **{path: maxsim for path in ("/maxsim", "/v1/maxsim")},
         # generation routes exist in llama-server; here they say why they are missing instead of 404

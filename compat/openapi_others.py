@@ -1,5 +1,6 @@
 """The /openapi.json declarations of the other servers' routes: Cohere's /v1/embed and /v2/embed
-(compat/wire/cohere_embed.py). compat/openapi.py merges them into its schemas and operations."""
+(compat/wire/cohere_embed.py) and vLLM's /score and /v1/score (compat/wire/score.py). compat/openapi.py merges
+them into its schemas and operations."""
 from __future__ import annotations
 
 from typing import Any
@@ -63,9 +64,33 @@ def _cohere_schemas(batch: int) -> dict[str, Schema]:
     }
 
 
+def _score_schemas(batch: int) -> dict[str, Schema]:
+    texts = {"anyOf": [_STRING, {"type": "array", "minItems": 1, "items": _STRING}]}
+    return {
+        "ScoreRequest": {
+            "type": "object",
+            "description": "vLLM's score request: text_1 + text_2 or queries + documents, paired 1:1, 1:N or N:N "
+                           f"(else 400); at most {batch} pairs (--max-client-batch-size, else 413)",
+            "properties": {"text_1": _nullable(texts), "text_2": _nullable(texts), "queries": _nullable(texts),
+                           "documents": _nullable(texts), "model": _MODEL,
+                           "use_activation": _nullable({"type": "boolean", "description": "unset or true: sigmoid "
+                                                        "of a cross-encoder's logit; false: the raw logit"}),
+                           "truncate_prompt_tokens": _nullable({"const": -1})}},
+        "Score": {
+            "type": "object", "required": ["id", "object", "created", "model", "data", "usage"],
+            "properties": {"id": _STRING, "object": {"const": "list"}, "created": _INT, "model": _STRING,
+                           "data": {"type": "array", "items": {
+                               "type": "object", "required": ["index", "object", "score"],
+                               "properties": {"index": _INT, "object": {"const": "score"},
+                                              "score": _NUMBER_OR_NULL}}},
+                           "usage": {"type": "object", "required": ["prompt_tokens", "total_tokens"],
+                                     "properties": {"prompt_tokens": _INT, "total_tokens": _INT}}}},
+    }
+
+
 def other_servers_schemas(batch: int) -> dict[str, Schema]:
     """batch: --max-client-batch-size."""
-    return {**_cohere_schemas(batch)}
+    return {**_cohere_schemas(batch), **_score_schemas(batch)}
 
 
 def _answers(ok: str, error: str, description: str) -> Schema:
@@ -84,4 +109,8 @@ OTHER_SERVERS_OPERATIONS: dict[str, dict[str, Schema]] = {
                                                        "an error, in Cohere's {message} shape (those raised "
                                                        "before routing: llama's envelope)")}}
        for v in (1, 2)},
+    **dict.fromkeys(("/score", "/v1/score"), {"post": {
+        "summary": "vLLM's score API: relevance of text pairs on a reranker",
+        "requestBody": {"required": True, "content": {JSON: {"schema": _ref("ScoreRequest")}}},
+        "responses": {"200": {"description": "success", "content": {JSON: {"schema": _ref("Score")}}}}}}),
 }
