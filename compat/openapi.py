@@ -19,6 +19,7 @@ from compat.middleware import PUBLIC_PATHS, normalize_prefix
 from compat.openapi_ollama import OPERATIONS as OLLAMA_OPERATIONS
 from compat.openapi_ollama import SCHEMAS as OLLAMA_SCHEMAS
 from compat.openapi_tei import TEI_OPERATIONS, tei_answers, tei_schemas
+from compat.openapi_others import OTHER_SERVERS_OPERATIONS, other_servers_schemas
 from compat.wire.inputs import MAX_JSON_DEPTH
 
 if TYPE_CHECKING:
@@ -89,7 +90,10 @@ def _schemas(settings: Settings) -> dict[str, Schema]:
                            "(`content` answers in llama's shape on every route). Other fields are ignored.",
             "properties": {
                 "input": prompts, "content": prompts,
-                "encoding_format": {"enum": ["float", "base64"], "default": "float"},
+                "encoding_format": {"enum": ["float", "base64", "int8", "uint8", "binary", "ubinary"],
+                                    "default": "float",
+                                    "description": "int8 / uint8 / binary / ubinary: our extension, integer codes "
+                                                   "(docs/routes.md, \"Compact vectors\")"},
                 "embd_normalize": {"type": "integer", "description": "-1 none, 0 max absolute, 1 taxicab, "
                                                                      "2 Euclidean (default: --embd-normalize), >2 p-norm"},
                 "truncate": _nullable(_BOOL), "model": _MODEL,
@@ -105,11 +109,14 @@ def _schemas(settings: Settings) -> dict[str, Schema]:
                     "properties": {"embedding": {
                         "anyOf": [{"type": "array", "items": _NUMBER_OR_NULL},
                                   {"type": "array", "items": {"type": "array", "items": _NUMBER_OR_NULL}},
-                                  {"type": "string", "contentEncoding": "base64"}],
+                                  {"type": "string", "contentEncoding": "base64"},
+                                  {"type": "array", "items": _INT},
+                                  {"type": "array", "items": {"type": "array", "items": _INT}}],
                         "description": "one vector; a multi-vector model's [n_tokens, d] rows (base64: row-major "
                                        "float32)"},
                                    "index": _INT, "object": {"const": "embedding"},
-                                   "encoding_format": {"const": "base64"}}}}}},
+                                   "encoding_format": {"enum": ["base64", "int8", "uint8", "binary",
+                                                                "ubinary"]}}}}}},
         "LlamaEmbeddings": {
             "type": "array", "items": {
                 "type": "object", "required": ["index", "embedding"],
@@ -141,6 +148,7 @@ def _schemas(settings: Settings) -> dict[str, Schema]:
             "type": "object", "required": ["id", "results", "meta", "model", "usage"],
             "properties": {"id": _STRING, "results": {"type": "array", "items": rerank_result},
                            "meta": {"type": "object"}, "model": _STRING, "usage": usage}},
+        **other_servers_schemas(batch),
         "TokenizeRequest": {
             "type": "object",
             "properties": {"content": {"anyOf": [_STRING, {"type": "array", "items": _TOKEN_OR_TEXT}]},
@@ -220,6 +228,7 @@ _OPERATIONS: dict[str, dict[str, Schema]] = {
     "/v1/maxsim": _MAXSIM,
     "/v2/rerank": {"post": {"summary": "rerank documents (Cohere v2)", "requestBody": _body("RerankRequest"),
                             "responses": _ok(_ref("CohereV2Rerank"))}},
+    **OTHER_SERVERS_OPERATIONS,  # Cohere embed, vLLM score
     "/tokenize": {"post": {"summary": "text to token ids (TEI's token objects when the body has `inputs`)",
                            "requestBody": {"required": True, "content": {JSON: {"schema": {"anyOf": [
                                _ref("TokenizeRequest"), _ref("TeiTokenizeRequest")]}}}},
@@ -260,10 +269,11 @@ def _operation(path: str, method: str, declared: Schema, secured: bool) -> Schem
     if method == "head":  # the GET's statuses without bodies
         responses = {status: {"description": answer["description"]} for status, answer in responses.items()}
         operation.pop("requestBody", None)
-    responses["default"] = {"description": "an error, in llama-server's envelope (400 bad request, 401 no or "
-                                           "wrong API key, 404, 413 too large, 500, 501 not served, 503 "
-                                           "loading/overloaded/draining with Retry-After, 504 deadline passed)",
-                            **({} if method == "head" else {"content": {JSON: {"schema": _ref("Error")}}})}
+    responses.setdefault("default", {
+        "description": "an error, in llama-server's envelope (400 bad request, 401 no or wrong API key, 404, 413 too "
+                       "large, 500, 501 not served, 503 loading/overloaded/draining with Retry-After, 504 deadline "
+                       "passed)",
+        **({} if method == "head" else {"content": {JSON: {"schema": _ref("Error")}}})})
     operation["responses"] = responses
     if not secured or path in PUBLIC_PATHS:
         operation["security"] = []

@@ -10,6 +10,7 @@ import falcon
 
 from compat.catalog import EMBEDDING
 from compat.errors import ApiError, check_client_batch, not_supported
+from compat.listener import http_threads
 from compat.resources.embeddings import embed_request_prompts
 from compat.resources.leasing import model_request
 from compat.routing import EMBEDDINGS_DISABLED, Models, Served
@@ -119,8 +120,6 @@ class TeiInfoResource:
         self._version = version
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
-        from compat.server import http_threads  # compat.server imports the app
-
         with tei_errors(), self._models.lease(None, lambda: req.get_param("model") or None, count=False) as served:
             settings = served.settings
             threads = http_threads(settings)

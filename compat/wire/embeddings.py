@@ -6,6 +6,10 @@ rows per input on every route: the rows the model L2-normalized one by one, imag
 trimmed; `embd_normalize` does not apply to them (as llama's per-token rows with pooling none) and `dimensions`
 is refused. base64 packs the rows row-major as float32.
 
+Our extension of OpenAI's `encoding_format` (OAI shape only): "int8", "uint8", "binary", "ubinary" answer each
+vector as a list of integer codes, made by engine/compute/quantize.py (the scheme is documented there and in
+docs/routes.md), with `"encoding_format"` echoed in the item as base64 is.
+
 Vectors leave as float64 numpy arrays so orjson (OPT_SERIALIZE_NUMPY) prints each float32 widened to double in
 shortest round-trip form, as llama-server does, without a per-float Python loop; NaN/Inf print as null.
 """
@@ -19,11 +23,12 @@ import numpy as np
 
 from compat.errors import bad_request
 from compat.wire.inputs import Prompt, parse_input_prompts
-from engine import check_dimensions
+from engine import QUANTIZED_TYPES, check_dimensions, quantize
 from engine.types import EmbedResult
 
 NO_INPUT = '"input" or "content" must be provided'
-BAD_FORMAT = "The format to return the embeddings in. Can be either float or base64"
+BAD_FORMAT = "The format to return the embeddings in. Can be either float or base64"  # llama's words
+ENCODING_FORMATS = ("float", "base64", *QUANTIZED_TYPES)
 BAD_PROMPT_NAME = '"prompt_name" must be a string naming one of the model\'s prompts'
 BAD_INSTRUCTION = '"instruction" must be a non-empty string'
 
@@ -32,7 +37,7 @@ BAD_INSTRUCTION = '"instruction" must be a non-empty string'
 class EmbeddingsRequest:
     prompts: list[Prompt]
     oai: bool  # OAI response shape: the /v1 route AND the `input` field (`content` forces llama's shape)
-    encoding_format: str  # "float" | "base64"; only the OAI shape honours base64
+    encoding_format: str  # "float" | "base64" | a QUANTIZED_TYPES code; only the OAI shape honours it
     embd_normalize: int
     truncate: bool | None  # None: the server's --truncate default
     model: str | None  # echoed when the request named one as a string
@@ -56,7 +61,7 @@ def parse_embeddings_request(body: dict[str, Any], *, oai_route: bool, default_n
         raise bad_request(NO_INPUT)
 
     encoding_format = body.get("encoding_format", "float")
-    if not isinstance(encoding_format, str) or encoding_format not in ("float", "base64"):
+    if not isinstance(encoding_format, str) or encoding_format not in ENCODING_FORMATS:
         raise bad_request(BAD_FORMAT)
 
     embd_normalize = body.get("embd_normalize", default_normalize)
@@ -95,6 +100,9 @@ def _oai_item(vector: np.ndarray, index: int, request: EmbeddingsRequest) -> dic
         raw = np.asarray(vector, dtype="<f4").tobytes()
         return {"embedding": base64.b64encode(raw).decode("ascii"), "index": index, "object": "embedding",
                 "encoding_format": "base64"}
+    if request.encoding_format in QUANTIZED_TYPES:
+        return {"embedding": quantize(vector, request.encoding_format), "index": index, "object": "embedding",
+                "encoding_format": request.encoding_format}
     return {"embedding": vector.astype(np.float64), "index": index, "object": "embedding"}
 
 

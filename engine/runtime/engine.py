@@ -300,15 +300,17 @@ class Engine:
 
     # -- reranking --------------------------------------------------------------------------------
     def rerank(self, query: RerankItem, documents: Sequence[RerankItem], *, truncate: bool | None = None,
-               instruction: str | None = None, max_chunks: int | None = None,
-               timeout_s: float = 3600) -> RerankResult:
+               instruction: str | None = None, max_chunks: int | None = None, timeout_s: float = 3600,
+               sigmoid: bool | None = None) -> RerankResult:
         """Score every (query, document) pair; scores come back in document order.
 
         `instruction` (generative rerankers only) overrides the server's <Instruct> text. The query and the
         documents are texts, or images (with any text beside them) for rerankers that take images.
         `max_chunks` (None: the server's rerank_chunks; 0: off) splits each document over the limit into at most
         that many overlapping windows (engine/runtime/fitting.py `document_windows`), scored with the other pairs;
-        the document's score is its best window's, its n_tokens every window's. Text rerankers only.
+        the document's score is its best window's, its n_tokens every window's. Text rerankers only. `sigmoid`
+        (None: the server's --rerank-sigmoid): a cross-encoder's sigmoid(logit) instead of its raw logit; a
+        reranker whose scores are already probabilities gives them either way, and refuses `sigmoid=False`.
         """
         info = self.info
         if not info.is_reranker:
@@ -330,6 +332,10 @@ class Engine:
             raise InvalidInput(f"splitting long documents into windows (max_chunks) is only for text rerankers; "
                                f"this one ({info.architecture or info.model_type}) builds pairs that may hold "
                                f"images: leave max_chunks off")
+        probabilities = info.kind != registry.CROSS_ENCODER or model.scores_are_probabilities
+        if sigmoid is False and probabilities:
+            raise InvalidInput(f"this reranker ({info.architecture or info.model_type}) scores probabilities, not "
+                               "logits: it has no raw score to return without its activation")
         if model.pairs is not None:
             return self._rerank_pairs(query, documents, instruction or self.options.rerank_instruction, info, cut,
                                       timeout_s)
@@ -354,7 +360,7 @@ class Engine:
         results, timings = self._serve([ids for ids, _ in pairs], type_lists, timeout_s)
         timings.tokenize_s = tokenize_s
         scores = [float(r.value) for r in results]
-        if self.options.rerank_sigmoid and info.kind == registry.CROSS_ENCODER and not model.scores_are_probabilities:
+        if (self.options.rerank_sigmoid if sigmoid is None else sigmoid) and not probabilities:
             scores = [1.0 / (1.0 + math.exp(-s)) for s in scores]
         best = [-math.inf] * len(documents)
         n_tokens = [0] * len(documents)

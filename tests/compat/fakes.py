@@ -1,6 +1,7 @@
 """A deterministic stand-in for engine.Engine: no model, no threads."""
 from __future__ import annotations
 
+import math
 import zlib
 from collections.abc import Sequence
 
@@ -155,12 +156,14 @@ class FakeEngine:
                            timings=Timings(tokenize_s=0.0, queue_s=0.002, inference_s=0.0125))
 
     def rerank(self, query: str | ImageInput, documents: Sequence[str | ImageInput], *, truncate: bool | None = None,
-               instruction: str | None = None, max_chunks: int | None = None,
-               timeout_s: float = 3600) -> RerankResult:
+               instruction: str | None = None, max_chunks: int | None = None, timeout_s: float = 3600,
+               sigmoid: bool | None = None) -> RerankResult:
         """Raises what Engine.rerank raises, in its order; truncate None means the fake's --no-truncate. Records
-        `max_chunks` (the real engine's windows are tested in tests/engine/test_rerank_chunks.py)."""
+        `max_chunks` (the real engine's windows are tested in tests/engine/test_rerank_chunks.py). sigmoid: a
+        cross-encoder's sigmoid(score) when True (None: the fake's --no-rerank-sigmoid)."""
         self.rerank_calls.append({"query": query, "documents": list(documents), "truncate": truncate,
-                                  "instruction": instruction, "max_chunks": max_chunks, "timeout_s": timeout_s})
+                                  "instruction": instruction, "max_chunks": max_chunks, "timeout_s": timeout_s,
+                                  **({} if sigmoid is None else {"sigmoid": sigmoid})})
         if not self.info.is_reranker:
             raise InvalidInput("this server runs an embedding model: start a reranker with --reranking")
         if instruction is not None and self.info.kind != "generative-reranker":
@@ -177,8 +180,12 @@ class FakeEngine:
         for n in n_tokens:
             if n > limit and not truncate:
                 raise InputTooLong(n, limit, self.limit_kind)
+        if sigmoid is False and self.info.kind != "cross-encoder":
+            raise InvalidInput("this reranker (BertModel) scores probabilities, not logits")
         scores = (list(self.fixed_scores) if self.fixed_scores is not None
                   else [pair_score(query, document) for document in documents])
+        if sigmoid and self.info.kind == "cross-encoder":
+            scores = [1.0 / (1.0 + math.exp(-s)) for s in scores]
         return RerankResult(scores=scores, n_tokens=[min(n, limit) for n in n_tokens],
                             timings=Timings(tokenize_s=0.001, queue_s=0.002, inference_s=0.0125))
 

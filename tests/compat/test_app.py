@@ -264,7 +264,7 @@ def test_input_or_content_required(client):
                        '"type":"invalid_request_error"}}'
 
 
-@pytest.mark.parametrize("value", ["int8", "", 5, None, ["float"]])
+@pytest.mark.parametrize("value", ["int4", "INT8", "", 5, None, ["float"]])
 def test_encoding_format_must_be_float_or_base64(client, value):
     res = client.simulate_post("/v1/embeddings", json={"input": "x", "encoding_format": value})
     assert res.status_code == 400
