@@ -116,6 +116,26 @@ def _stoi(text: str) -> int:
     return value
 
 
+class Stoul32:
+    """Field metadata (`Annotated[int, STOUL32]`): the option's text is read as llama reads --seed, std::stoul
+    into a uint32_t: a sign is allowed and the value wraps modulo 2**32 (-1 is 4294967295)."""
+
+
+STOUL32 = Stoul32()
+
+
+def _stoul32(text: str) -> int:
+    """std::stoul (leading blanks, a sign and digits, whatever follows dropped; a negative value wraps), kept in
+    a uint32_t."""
+    match = _STOI.match(text)
+    if match is None:
+        raise ValueError(f"invalid integer {text!r}")
+    value = int(match.group(1))
+    if abs(value) >= 2**64:
+        raise ValueError(f"integer out of range: {text!r}")
+    return value % 2**32
+
+
 def _pooling(text: str) -> Pooling:
     try:
         return Pooling(text)
@@ -124,7 +144,9 @@ def _pooling(text: str) -> Pooling:
         raise ValueError(f"invalid value {text!r} (expected one of {names})") from None
 
 
-def _converter(annotation: Any) -> Callable[[str], Any]:
+def _converter(annotation: Any, metadata: Sequence[Any] = ()) -> Callable[[str], Any]:
+    if any(isinstance(item, Stoul32) for item in metadata):
+        return _stoul32
     types = set(get_args(annotation)) or {annotation}
     if int in types:
         return _stoi
@@ -146,7 +168,7 @@ def declared_options(declaring: type[BaseSettings]) -> list[Option]:
             field=name, flags=flags, no_flags=no_flags, env=meta["env"], kind=kind,
             arity="none" if kind in ("flag", "paired") else "one", choices=(), metavar=meta["metavar"],
             help=meta["help"], group=meta["group"], default=info.get_default(call_default_factory=True),
-            implies=meta["implies"], convert=_converter(info.annotation), per_model=meta["per_model"]))
+            implies=meta["implies"], convert=_converter(info.annotation, info.metadata), per_model=meta["per_model"]))
     return options
 
 

@@ -6,12 +6,12 @@ reads this table.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import PrivateAttr, ValidationInfo, field_validator
 from pydantic_settings import SettingsConfigDict
 
-from compat.settings.declaration import ExplicitSettings, Option, declared_options, option
+from compat.settings.declaration import STOUL32, ExplicitSettings, Option, declared_options, option
 from engine.types import DEFAULT_MODEL_NAME, EngineOptions, Pooling
 
 GROUPS = ("server", "model", "embeddings", "batching", "models", "http", "logging", "ignored-for-compatibility")
@@ -50,6 +50,10 @@ class Settings(ExplicitSettings):
                          help="allow changing global properties via POST /props")
     slots: bool = option(True, flags=["--slots"], kind="paired", env="LLAMA_ARG_ENDPOINT_SLOTS", group="server",
                          help="expose the /slots endpoint")
+    seed: Annotated[int, STOUL32] = option(
+        4294967295, flags=["-s", "--seed"], metavar="SEED", group="server", per_model=True,
+        help="llama-server's RNG seed: nothing samples here, /props reports it (default_generation_settings.params"
+             ".seed); read as llama reads it, so -1 is the default 4294967295 (llama: a random seed)")
 
     model: str | None = option(
         None, flags=["-m", "--model"], env="LLAMA_ARG_MODEL", metavar="PATH", group="model", per_model=True,
@@ -347,7 +351,7 @@ class Settings(ExplicitSettings):
 # llama-server options that mean nothing here. They are accepted (once logged) so launch scripts keep working;
 # each string is one option's spellings. Their environment variables are not read.
 _IGNORED_WITH_VALUE = (
-    "-ngl --gpu-layers --n-gpu-layers", "-fa --flash-attn", "--temp", "-s --seed", "-ctk --cache-type-k",
+    "-ngl --gpu-layers --n-gpu-layers", "-fa --flash-attn", "--temp", "-ctk --cache-type-k",
     "-ctv --cache-type-v", "-n --n-predict --predict", "-hft --hf-token", "--mmproj",
     "-cram --cache-ram", "--chat-template", "--chat-template-file",
     "--reasoning-format", "--slot-save-path", "-gan --grp-attn-n", "-gaw --grp-attn-w", "-dev --device",

@@ -11,7 +11,7 @@ if TYPE_CHECKING:
     from compat.settings import Settings
 
 # llama's task_params::to_json(true) with common_params_sampling's defaults (float32 values widened to double,
-# as llama prints them). None of them affects embeddings; clients read /props for its shape.
+# as llama prints them), the seed being --seed's. None of them affects embeddings; clients read /props for its shape.
 _SAMPLING_DEFAULTS: dict[str, Any] = {
     "seed": 4294967295, "temperature": 0.800000011920929, "dynatemp_range": 0.0, "dynatemp_exponent": 1.0,
     "top_k": 40, "top_p": 0.949999988079071, "min_p": 0.05000000074505806, "top_n_sigma": -1.0,
@@ -37,7 +37,8 @@ def render_props_response(settings: Settings, info: ModelInfo, version: str,
     """model_name: the model's id on a several-model server (else llama's name from the settings)."""
     # chat_template_caps is left out (no chat template), media_marker too unless the model takes images
     return {
-        "default_generation_settings": {"params": dict(_SAMPLING_DEFAULTS), "n_ctx": info.slot_ctx},
+        "default_generation_settings": {"params": {**_SAMPLING_DEFAULTS, "seed": settings.seed},
+                                        "n_ctx": info.slot_ctx},
         "total_slots": info.n_slots,
         "model_alias": model_name or settings.model_name,
         "model_ftype": info.ftype,

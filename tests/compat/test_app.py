@@ -615,6 +615,13 @@ def test_props_shape_and_values(make_client):
     assert body["dimensions"] == {"min": 1, "max": 4}
 
 
+@pytest.mark.parametrize(("argv", "seed"), [((), 4294967295), (("--seed", "42"), 42), (("-s", "-1"), 4294967295)])
+def test_props_report_the_seed(make_client, argv, seed):
+    # llama.cpp's test_server_props starts the server with --seed 42 and reads it back here
+    params = make_client(*argv).simulate_get("/props").json["default_generation_settings"]["params"]
+    assert params["seed"] == seed and list(params) == PARAMS_KEYS
+
+
 def test_post_props(make_client):
     res = make_client().simulate_post("/props", json={})
     assert res.status_code == 501

@@ -330,7 +330,7 @@ def test_ignored_options_with_and_without_values(caplog):
     s = parse(argv)
     assert (s.model, s.ctx_size) == ("m", 64)
     assert messages(caplog, logging.INFO) == [f"ignoring {flag}: not used by mlx-embed-server" for flag in [
-        "-ngl", "--jinja", "--temp", "-s", "-fa", "-cb", "--no-webui", "--models-dir", "--lora", "-dev",
+        "-ngl", "--jinja", "--temp", "-fa", "-cb", "--no-webui", "--models-dir", "--lora", "-dev",
         "--reasoning-format", "--no-mmap", "--kv-unified", "--tools", "-hft"]]  # once per option
 
 
@@ -343,6 +343,23 @@ def test_ignored_options_with_and_without_values(caplog):
 ])
 def test_log_colors_value_is_optional(argv, model):
     assert parse(argv).model == model
+
+
+@pytest.mark.parametrize(("value", "seed"), [
+    ("42", 42), ("-1", 4294967295), ("4294967295", 4294967295), ("4294967296", 0), ("-2", 4294967294),
+    (" +7x", 7),  # std::stoul: leading blanks, a sign, trailing garbage dropped
+])
+def test_seed_is_read_as_llama_reads_it(value, seed):
+    assert parse(["--seed", value]).seed == seed
+    assert parse(["-s", value]).seed == seed
+
+
+def test_seed_defaults_to_llamas_and_refuses_what_stoul_refuses(tmp_path):
+    assert parse().seed == 4294967295  # LLAMA_DEFAULT_SEED
+    assert parse(files=[ini(tmp_path, "c.ini", "seed = 3\n")]).seed == 3
+    for bad in ("x", "", str(2**64)):
+        with pytest.raises(SettingsError):
+            parse(["--seed", bad])
 
 
 def test_ignored_options_env_is_not_read():
