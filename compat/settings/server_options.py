@@ -129,8 +129,8 @@ class Settings(ExplicitSettings):
         help="most bytes of one encoded image, whatever its source")
     media_timeout: int = option(
         10, flags=["--media-timeout"], env="LLAMA_ARG_MEDIA_TIMEOUT", metavar="SECONDS", group="embeddings",
-        help="most seconds downloading one http(s) image may take, checked as its bytes arrive; each wait on the "
-             "server (connecting, every read) is bounded by it too")
+        help="most seconds downloading one http(s) image may take: one deadline over name resolution, connecting, "
+             "the answer's headers and its body")
     image_max_count: int = option(
         16, flags=["--image-max-count"], env="LLAMA_ARG_IMAGE_MAX_COUNT", metavar="N", group="embeddings",
         help="most images in one request")
