@@ -4,12 +4,12 @@ from __future__ import annotations
 import falcon
 
 from compat.catalog import EMBEDDING
-from compat.errors import bad_request, check_client_batch
+from compat.errors import bad_request
 from compat.media import with_images
-from compat.resources.leasing import model_request
+from compat.resources.leasing import check_count, model_request
 from compat.routing import Models, Served
 from compat.wire.embeddings import parse_embeddings_request, render_embeddings_response
-from compat.wire.inputs import Prompt, has_media
+from compat.wire.inputs import Prompt, count_prompts, has_media
 from engine.types import EmbedResult, ImageInput, Pooling
 
 POOLING_NONE_OAI = "Pooling type 'none' is not OAI compatible. Please use a different pooling type"
@@ -27,11 +27,12 @@ class EmbeddingsResource:
             # a multi-vector model's rows are its OAI answer (one list of rows per input)
             if self._oai and info.pooling is Pooling.NONE and not info.multi_vector:
                 raise bad_request(POOLING_NONE_OAI)
-            request = parse_embeddings_request(body(), oai_route=self._oai,
+            raw = body()
+            check_count(served, count_prompts(raw["input"] if "input" in raw else raw.get("content")), "inputs")
+            request = parse_embeddings_request(raw, oai_route=self._oai,
                                                default_normalize=served.settings.embd_normalize,
                                                width=info.n_embd, takes_images=info.takes_images,
                                                multi_vector=info.multi_vector)
-            check_client_batch(len(request.prompts), served.settings.max_client_batch_size, "inputs")
             result = embed_request_prompts(served, request.prompts, request.truncate, request.prompt_name,
                                            request.instruction, request.embd_normalize, request.dimensions)
             served.record(result)

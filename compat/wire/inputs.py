@@ -185,6 +185,15 @@ def parse_input_prompts(value: Any, takes_images: bool = False) -> list[Prompt]:
     raise bad_request(BAD_ELEMENTS)
 
 
+def count_prompts(value: Any) -> int:
+    """How many prompts parse_input_prompts(value) gives, read off the raw value without parsing any (so a
+    request over the count limits is refused before its inputs are read): a list's length, one for a list
+    holding a token id (one mixed prompt) and for anything else (one prompt, or an error later)."""
+    if isinstance(value, list) and not any(is_token(part) for part in value):
+        return len(value)
+    return 1
+
+
 def lazy_json_object(read: Callable[[], bytes]) -> Callable[[], dict[str, Any]]:
     """parse_json_object(read()) on the first call, the same object after: a route may need the body's `model`
     to find its engine before it reads the rest, or (llama's order) check something before parsing at all."""

@@ -143,6 +143,19 @@ def _top_n(value: Any, n_documents: int) -> int | None:
     return min(value, n_documents)
 
 
+def _documents(body: dict[str, Any]) -> Any:
+    """`documents` wins over `texts`; a null `documents` falls back to `texts`, as llama's json_value does."""
+    documents = body.get("documents")
+    return body.get("texts") if documents is None else documents
+
+
+def count_documents(body: dict[str, Any]) -> int:
+    """How many documents the request has, read off the raw list without parsing any (0: no list, which
+    parse_rerank_request refuses)."""
+    documents = _documents(body)
+    return len(documents) if isinstance(documents, list) else 0
+
+
 def parse_rerank_request(body: dict[str, Any], *, cohere_v2: bool, takes_images: bool = False) -> RerankRequest:
     """llama's checks in its order (§4.1 steps 3-6), then the fields it does not read.
 
@@ -155,10 +168,7 @@ def parse_rerank_request(body: dict[str, Any], *, cohere_v2: bool, takes_images:
     if query is None:
         raise bad_request(QUERY_NOT_STRING)
 
-    # `documents` wins over `texts`; a null `documents` falls back to `texts`, as llama's json_value does
-    documents = body.get("documents")
-    if documents is None:
-        documents = body.get("texts")
+    documents = _documents(body)
     if not isinstance(documents, list) or not documents:
         raise bad_request(BAD_DOCUMENTS)
     items = [_item(document, f"document {i}", takes_images) for i, document in enumerate(documents)]
