@@ -38,8 +38,10 @@ def normalize_embedding(vec: np.ndarray, p: int) -> np.ndarray:
     elif p == 2:
         total = float(np.sqrt(np.sum((x * x).astype(np.float64))))  # product in float, sum in double
     else:
-        with np.errstate(divide="ignore"):  # negative p on a zero component: inf, then 0, as in C
-            total = float(np.sum(np.abs(x.astype(np.float64)) ** p)) ** (1.0 / p)
+        # as C's pow: a negative p on a zero component, or a sum that underflows to 0, gives inf, then a factor
+        # of 0; an overflowing sum too
+        with np.errstate(divide="ignore", over="ignore", under="ignore"):
+            total = float(np.sum(np.abs(x.astype(np.float64)) ** p) ** (1.0 / p))
     norm = np.float32(1.0 / total) if total > 0 else np.float32(0.0)
     return x * norm
 
