@@ -6,6 +6,7 @@ import base64
 import json
 import threading
 import time
+import timeit
 
 import orjson
 import pytest
@@ -17,7 +18,8 @@ import compat.wire.rerank
 from compat.app import create_app
 from compat.lifecycle import ARRIVED_KEY, Lifecycle
 from compat.settings import parse_settings
-from compat.wire.inputs import MAX_JSON_DEPTH, json_depth
+from compat.errors import ApiError
+from compat.wire.inputs import MAX_JSON_DEPTH, TOO_DEEP, parse_json_object
 from tests.compat.fakes import FakeEngine
 from tests.compat.test_routing import GatedEngine, Server
 from tests.conftest import parse_metrics
@@ -61,14 +63,57 @@ def _nesting(value: object) -> int:
     return 0
 
 
+def _at_depth(value: object, depth: int) -> dict:
+    """A body whose nesting is `depth`: value under an object, under lists."""
+    body: object = value
+    for _ in range(depth - 1 - _nesting(value)):
+        body = [body]
+    return {"x": body}
+
+
 @pytest.mark.parametrize("value", [1, "s", [], {}, {"a": [1, 2]}, {"a": [[1], [2, {"b": [3]}]]},
                                    # brackets and quotes inside strings, escaped quotes and backslashes
                                    {"[[[": "{{{", "a": ["]]]", "\\", "\\[", '\"[', '"', "\\\"{{"], "b": {"c": []}},
-                                   ["\\", ["\\\\\"]]", [[]]], "é[ü"]])
-def test_json_depth_counts_levels_of_the_text(value):
-    # the text as clients send it: compact, indented, or with non-ASCII escaped
-    for text in (orjson.dumps(value), json.dumps(value, indent=2).encode(), json.dumps(value)):
-        assert json_depth(text) == _nesting(value), text
+                                   ["\\", ["\\\\\"]]", [[]]], "é[ü"], "]" * 40, "[" * 40])
+def test_the_nesting_bound_counts_levels_of_the_text(value):
+    # exactly MAX_JSON_DEPTH levels parse, one more is refused; the text as clients send it: compact, indented,
+    # or with non-ASCII escaped
+    for depth, fits in ((MAX_JSON_DEPTH, True), (MAX_JSON_DEPTH + 1, False)):
+        body = _at_depth(value, depth)
+        assert _nesting(body) == depth
+        for text in (orjson.dumps(body), json.dumps(body, indent=2).encode(), json.dumps(body)):
+            if fits:
+                assert parse_json_object(text) == body
+            else:
+                with pytest.raises(ApiError) as caught:
+                    parse_json_object(text)
+                assert (caught.value.status, caught.value.message) == (400, TOO_DEEP)
+
+
+@pytest.mark.parametrize("raw", [b"", b" ", b"1, 2", b"] [", b"{}, {}", b"{}] [{}", b'{"a": 1}]', b"[" * 5000,
+                                 b"[" * 40 + b"]" * 40, b'"s"', b"{"])
+def test_a_body_that_is_no_json_object_alone_is_refused_as_parsing_it_alone_says(raw):
+    # the body is parsed inside arrays (orjson's depth limit bounds it): what is valid only once wrapped stays
+    # refused, with the message parsing the body alone gives
+    try:
+        alone = orjson.loads(raw)
+        expected = "The request body must be a JSON object"
+    except orjson.JSONDecodeError as exc:
+        alone, expected = None, str(exc)
+    assert not isinstance(alone, dict)
+    with pytest.raises(ApiError) as caught:
+        parse_json_object(raw)
+    assert (caught.value.status, caught.value.message) == (400, expected)
+
+
+def test_the_nesting_bound_costs_little_next_to_the_parse():
+    # ~1.5 MB of texts full of quotes, brackets and backslashes (benchmarks/body_depth.py's worst body): a scan
+    # of the bytes cost 5-9x the parse on top of it, the walk of the parsed value more; bounded by orjson inside
+    # arrays it is one copy of the body
+    raw = orjson.dumps({"input": ['a "quoted" [bracketed] {braced} text with a \\ and a\nnewline ' * 6] * 4000})
+    parse_s = min(timeit.repeat(lambda: orjson.loads(raw), number=1, repeat=15))
+    checked_s = min(timeit.repeat(lambda: parse_json_object(raw), number=1, repeat=15))
+    assert checked_s < 2.5 * parse_s, (checked_s, parse_s)
 
 
 def _draining_client(*argv: str) -> tuple[TestClient, Lifecycle]:
