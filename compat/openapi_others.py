@@ -50,7 +50,7 @@ def _cohere_schemas(batch: int) -> dict[str, Schema]:
                     "enum": ["float", "int8", "uint8", "binary", "ubinary", "base64"]}}),
                 "output_dimension": _nullable({"type": "integer", "minimum": 1}),
                 "truncate": _nullable({"enum": ["NONE", "END", "START"], "default": "END",
-                                       "description": "START is refused (400)"}),
+                                       "description": "END cuts a long text at its end, START at its start, NONE refuses it"}),
                 "images": {"description": "refused (400)"}, "inputs": {"description": "refused (400)"},
             }},
         "CohereEmbedV1": {

@@ -10,8 +10,8 @@ Request: `texts` (a non-empty list of strings), `model`, `input_type`, `embeddin
 - `embedding_types`: float, int8, uint8, binary, ubinary (engine/compute/quantize.py makes the codes: a fixed
   linear scale for int8 / uint8, sentence-transformers' packing for binary / ubinary) and base64 (each float32
   vector's little-endian bytes, base64-encoded).
-- `truncate`: END (the default) cuts a long text at its end, NONE refuses it; START (keep the end) is refused
-  by name: the engine cuts only at the end.
+- `truncate`: END (the default) cuts a long text at its end, START at its start (the engine's
+  truncation_direction "left": the end is kept), NONE refuses it.
 
 Answers: v1 without `embedding_types` {"id","texts","embeddings":[[float]],"meta","response_type":
 "embeddings_floats"}, with them the by-type object and "embeddings_by_type"; v2 {"id","texts","embeddings":
@@ -44,8 +44,6 @@ BAD_INPUT_TYPE = f'"input_type" must be one of {", ".join(INPUT_TYPE_PROMPTS)}'
 BAD_EMBEDDING_TYPES = f'"embedding_types" must be a non-empty list of {", ".join(EMBEDDING_TYPES)}'
 BAD_OUTPUT_DIMENSION = '"output_dimension" must be an integer from 1 to {width} (the model\'s embedding width)'
 BAD_TRUNCATE = '"truncate" must be one of NONE, START, END'
-TRUNCATE_START = ('"truncate": "START" is not supported: this server cuts a long text at its end ("END", the '
-                  'default) or refuses it ("NONE")')
 NO_IMAGES = '"{key}" is not supported on /{version}/embed here: send texts in "texts"'
 
 
@@ -71,7 +69,8 @@ class CohereEmbedRequest:
     embedding_types: tuple[str, ...] | None  # None: v1's legacy float list (v2 answers float by type)
     prompt_name: str | None  # the checkpoint prompt input_type maps to; None: the model's default
     dimensions: int | None
-    truncate: bool  # END: True, NONE: False
+    truncate: bool  # END and START: True, NONE: False
+    truncation_direction: str = "right"  # START: "left" (a cut keeps the text's end)
 
 
 def prompt_for_input_type(input_type: str | None, prompt_names: list[str]) -> str | None:
@@ -113,11 +112,10 @@ def parse_cohere_embed_request(body: dict[str, Any], *, version: int, width: int
         truncate = "END"
     if not isinstance(truncate, str) or truncate.upper() not in TRUNCATE:
         raise _bad(BAD_TRUNCATE)
-    if truncate.upper() == "START":
-        raise _bad(TRUNCATE_START)
     return CohereEmbedRequest(texts=texts, version=version, embedding_types=types,
                               prompt_name=prompt_for_input_type(input_type, prompt_names),
-                              dimensions=dimensions, truncate=truncate.upper() == "END")
+                              dimensions=dimensions, truncate=truncate.upper() != "NONE",
+                              truncation_direction="left" if truncate.upper() == "START" else "right")
 
 
 def _by_type(vectors: np.ndarray, kind: str) -> Any:

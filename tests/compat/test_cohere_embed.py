@@ -103,8 +103,9 @@ def test_truncate(client, engine):
     assert engine.embed_calls[-1]["truncate"] is True
     res = client.simulate_post("/v1/embed", json={"texts": [long], "truncate": "NONE"})
     assert res.status_code == 400 and list(res.json) == ["message"] and "too large" in res.json["message"]
-    res = client.simulate_post("/v2/embed", json={"texts": ["a"], "truncate": "START"})
-    assert res.status_code == 400 and "START" in res.json["message"]
+    assert engine.embed_calls[-1]["truncate_left"] is False
+    assert client.simulate_post("/v2/embed", json={"texts": [long], "truncate": "START"}).status_code == 200
+    assert engine.embed_calls[-1]["truncate"] is True and engine.embed_calls[-1]["truncate_left"] is True
 
 
 @pytest.mark.parametrize("body,words", [

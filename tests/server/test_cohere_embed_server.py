@@ -81,8 +81,9 @@ def test_cohere_v2_client(server):
 def test_cohere_errors_reach_the_sdk(server):
     client = cohere.ClientV2(base_url=server.base, api_key="x")
     with pytest.raises(cohere.errors.BadRequestError) as info:
-        client.embed(texts=["a"], model="m", input_type="search_query", embedding_types=["float"], truncate="START")
-    assert "START" in info.value.body["message"]
+        client.embed(texts=["word " * 1000], model="m", input_type="search_query", embedding_types=["float"],
+                     truncate="NONE")
+    assert "too large" in info.value.body["message"]
 
 
 def test_oai_compact_formats_are_the_documented_codes(server):
