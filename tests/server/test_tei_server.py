@@ -19,6 +19,15 @@ def server():
         yield srv
 
 
+@pytest.fixture(autouse=True)
+def hub_client_online(monkeypatch):
+    """InferenceClient refuses every request in the Hub library's offline mode (HF_HUB_OFFLINE, which other tests
+    of the suite set and the library reads once at import), even to a local base_url: this server is local."""
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+
+
 def oai_vectors(server, body: dict) -> np.ndarray:
     res = server.post("/v1/embeddings", body)
     assert res.status_code == 200, res.text
