@@ -303,7 +303,7 @@ class ServerProcess:
         return self
 
     def poll_ready(self, timeout: float, *, probe_timeout: float = 1.0, interval: float = 0.02,
-                   headers: dict | None = None, retry: type[Exception] | None = None) -> str:
+                   headers: dict | None = None, retry: type[Exception] | tuple[type[Exception], ...] | None = None) -> str:
         """Probe GET /health every `interval` s until it answers 200 ("ready"), the process ends ("exited") or
         `timeout` s pass ("timeout"). A probe that raises `retry` (default: any requests error) is tried again."""
         import requests

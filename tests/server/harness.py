@@ -57,7 +57,8 @@ class ServerProcess(_ServerProcess):
         return self
 
     def wait_ready(self, timeout: float = 90, headers: dict | None = None) -> None:
-        super().wait_ready(timeout, probe_timeout=2, headers=headers, retry=requests.ConnectionError)
+        # a probe that times out (a loaded machine, a load holding the GIL) is tried again, as a refused connection is
+        super().wait_ready(timeout, probe_timeout=2, headers=headers, retry=(requests.ConnectionError, requests.Timeout))
 
     def get(self, path: str, **kw) -> requests.Response:
         return requests.get(self.base + path, timeout=60, **kw)
