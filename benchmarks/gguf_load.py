@@ -18,17 +18,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import engine  # noqa: E402  (binds the BLAS before mlx loads)
-from engine import checkpoint  # noqa: E402
-from engine.loading import registry
+from engine.loading import formats  # noqa: E402
 from engine.loading.gguf.reader import GGUFFile  # noqa: E402
-from engine.text.tokenizer import open_tokenizer  # noqa: E402
 
 
 def load_once(path: Path) -> float:
     started = time.perf_counter()
-    ckpt = checkpoint.read(path)
-    open_tokenizer(ckpt)
-    registry.load(ckpt)
+    ckpt = formats.open_checkpoint(path)
+    ckpt.format.open_tokenizer(ckpt)
+    formats.load(ckpt)
     return time.perf_counter() - started
 
 

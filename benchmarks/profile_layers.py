@@ -17,8 +17,8 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before any BLAS loads: one
 
 import engine  # noqa: E402  (first: it binds OpenBLAS before MLX loads)
 import mlx.core as mx  # noqa: E402
-from engine import checkpoint, default_model  # noqa: E402
-from engine.loading import registry
+from engine import default_model  # noqa: E402
+from engine.loading import formats, hub  # noqa: E402
 from engine.families import base  # noqa: E402
 
 SHAPES = [(1, 32), (32, 32), (1, 128), (8, 128), (1, 256), (4, 256)]
@@ -80,7 +80,7 @@ def main() -> None:
     parser.add_argument("--out", default=str(Path(__file__).with_name("PROFILE.md")))
     args = parser.parse_args()
     folder = default_model()
-    model = registry.load(checkpoint.read(checkpoint.resolve(folder, None, False))).model
+    model = formats.load(formats.open_checkpoint(hub.resolve(folder, None, False))).model
     rows_out = []
     names: list[str] = []
     for rows, width in SHAPES:

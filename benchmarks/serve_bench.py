@@ -13,21 +13,16 @@ One invocation measures, on the same weights and the same seeded texts:
 Every figure is printed as a ratio to ours, and benchmarks/BASELINES.md (or --out) is rewritten from scratch.
 Baselines run in worker processes (this script with --worker) so that each has its own memory and threads.
 Every load loop is bounded by a request count and a duration and stops by itself. See benchmarks/README.md.
+This script owns its scenarios, the in-process baseline workers, the targets, the report and the command line;
+the server processes, texts, HTTP clients, bounded load, RSS sampling and tables are benchmarks/harness.py's.
 """
 from __future__ import annotations
 
 import argparse
-import datetime
-import importlib.metadata
-import itertools
 import json
 import os
-import platform
-import random
-import re
 import shlex
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -35,7 +30,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,80 +39,44 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # `engine` and `compat` from this checkout, installed or not
 
-HOST = "127.0.0.1"  # the only address this script talks to
+from benchmarks.harness import (  # noqa: E402
+    DOC_TOKENS,
+    RERANK_DOCS,
+    SHORT_WORDS,
+    Call,
+    MeasuredServer,
+    Measurement,
+    RssSampler,
+    Scenario,
+    bounded_load,
+    exact_token_lists,
+    free_port,
+    http_embed_client,
+    http_rerank_client,
+    llama_argv,
+    load_tokenizer,
+    machine_lines,
+    make_texts,
+    our_server_argv,
+    print_scenario,
+    ratio,
+    request_texts,
+    scenario_table,
+    token_counts,
+    warm_http,
+)
+
 DEFAULT_RERANKER = Path("/work/shared/fixtures/bert-tiny-ce-distilled")
 CONCURRENCY = (1, 4, 16)
 BATCHES = (1, 32)
-RERANK_DOCS = 20
-SHORT_WORDS = 12
-LONG_TOKENS = 200
-DOC_TOKENS = 100
 ENGINE_LENGTHS = (32, 128)  # engine-level tokens per CPU-second, 32 inputs of exactly this many tokens
 ENGINE_ROWS = 32
 SINGLE_THREAD_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-
-WORDS = """the of and to in is was for on that with as by at from it an be this are or which have has not but
-were their its also one all can more been other new first time used may would who two when there into only
-after most some such over these world data model search query document passage index vector memory server
-system network request response client latency throughput batch token sentence embedding ranking retrieval
-language learning training research science history city river mountain music film game team season player
-company market price energy water health school student family church village station island library museum
-government council election party policy court law report study analysis method result process structure
-university professor engineer computer software hardware machine algorithm performance benchmark evaluation
-quickly slowly carefully however therefore although because between against during without within around
-small large early late long short high low public private national local general special important different
-Paris London Berlin Tokyo California Europe Africa January October summer winter morning evening yesterday
-""".split()
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Results
 # ---------------------------------------------------------------------------------------------------------------
-@dataclass
-class Measurement:
-    """One engine under one load: counts, wall time, per-request latencies and the peak RSS seen meanwhile."""
-
-    engine: str
-    texts: int = 0
-    tokens: int = 0
-    wall_s: float = 0.0
-    latencies_ms: list[float] = field(default_factory=list)
-    peak_rss_mib: float | None = None
-    errors: int = 0
-    note: str = ""
-
-    @property
-    def texts_per_s(self) -> float:
-        return self.texts / self.wall_s if self.wall_s > 0 else 0.0
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.tokens / self.wall_s if self.wall_s > 0 else 0.0
-
-    def percentile(self, q: float) -> float:
-        return float(np.percentile(self.latencies_ms, q)) if self.latencies_ms else float("nan")
-
-    @staticmethod
-    def from_dict(d: dict[str, Any]) -> Measurement:
-        return Measurement(**d)
-
-
-@dataclass
-class Scenario:
-    """A table of the report: a title and one measurement per engine, ours first (the ratio base)."""
-
-    key: str
-    title: str
-    rows: list[Measurement] = field(default_factory=list)
-    skipped: list[str] = field(default_factory=list)  # "engine: why"
-
-    def ours(self) -> Measurement | None:
-        return next((m for m in self.rows if m.engine.startswith("ours")), None)
-
-    def row(self, prefix: str) -> Measurement | None:
-        return next((m for m in self.rows if m.engine.startswith(prefix)), None)
-
-
 @dataclass
 class CpuFigure:
     """Engine-level: tokens per CPU-second of one engine on one input shape, a single BLAS/intra-op thread."""
@@ -132,307 +91,6 @@ class CpuFigure:
     @property
     def tokens_per_cpu_s(self) -> float:
         return self.tokens / self.cpu_s if self.cpu_s > 0 else 0.0
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Texts: seeded, deterministic, cut to a token budget with the model's own tokenizer
-# ---------------------------------------------------------------------------------------------------------------
-def load_tokenizer(model_dir: Path) -> Any:
-    from tokenizers import Tokenizer
-
-    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-    tok.no_truncation()
-    tok.no_padding()
-    return tok
-
-
-def random_words(rng: random.Random, n: int) -> str:
-    """n words as sentences: capitalised starts, a full stop every 6-16 words, an occasional comma."""
-    out: list[str] = []
-    until_stop = rng.randint(6, 16)
-    for i in range(n):
-        word = rng.choice(WORDS)
-        if not out or out[-1].endswith("."):
-            word = word[:1].upper() + word[1:]
-        until_stop -= 1
-        if until_stop == 0 or i == n - 1:
-            word += "."
-            until_stop = rng.randint(6, 16)
-        elif rng.random() < 0.06:
-            word += ","
-        out.append(word)
-    return " ".join(out)
-
-
-def cut_to_tokens(tok: Any, text: str, n_tokens: int) -> str:
-    """Cut `text` at the end of the word holding content token n_tokens - 2 (about n_tokens with [CLS]/[SEP])."""
-    enc = tok.encode(text, add_special_tokens=False)
-    n_content = max(1, n_tokens - 2)
-    if len(enc.ids) <= n_content:
-        return text
-    end = enc.offsets[n_content - 1][1]
-    space = text.find(" ", end)
-    return text if space < 0 else text[:space]
-
-
-def make_texts(tok: Any, n: int, kind: str, seed: int) -> list[str]:
-    """`short`: 12 words; `long`: ~200 tokens; `doc`: ~100 tokens. Distinct texts, the same on every run."""
-    rng = random.Random(f"{kind}-{seed}")
-    if kind == "short":
-        return [random_words(rng, SHORT_WORDS) for _ in range(n)]
-    target = LONG_TOKENS if kind == "long" else DOC_TOKENS
-    return [cut_to_tokens(tok, random_words(rng, target * 2), target) for _ in range(n)]
-
-
-def token_counts(tok: Any, texts: Sequence[str]) -> list[int]:
-    return [len(e.ids) for e in tok.encode_batch(list(texts))]
-
-
-def exact_token_lists(tok: Any, n_rows: int, n_tokens: int, seed: int) -> list[list[int]]:
-    """Token lists of exactly n_tokens each: [CLS] + content + [SEP] from the model's post-processor."""
-    rng = random.Random(f"ids-{n_tokens}-{seed}")
-    rows = []
-    for _ in range(n_rows):
-        ids = tok.encode(random_words(rng, n_tokens * 2)).ids
-        rows.append(ids[: n_tokens - 1] + ids[-1:])
-    return rows
-
-
-def request_texts(pool: Sequence[str], batch: int, i: int) -> list[str]:
-    """Request i takes the next `batch` texts of the pool, wrapping around."""
-    start = (i * batch) % len(pool)
-    return [pool[(start + j) % len(pool)] for j in range(batch)]
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Memory and bounded load
-# ---------------------------------------------------------------------------------------------------------------
-class RssSampler:
-    """Samples the RSS of a process and its children every `interval` s; `peak_mib` since the last reset."""
-
-    def __init__(self, pid: int, interval: float = 0.05):
-        import psutil
-
-        self._proc = psutil.Process(pid)
-        self._interval = interval
-        self._peak = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _sample(self) -> int:
-        import psutil
-
-        total = 0
-        try:
-            for p in [self._proc, *self._proc.children(recursive=True)]:
-                try:
-                    total += p.memory_info().rss
-                except psutil.Error:
-                    pass
-        except psutil.Error:
-            pass
-        return total
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self._peak = max(self._peak, self._sample())
-            self._stop.wait(self._interval)
-
-    def reset(self) -> None:
-        self._peak = self._sample()
-
-    @property
-    def peak_mib(self) -> float:
-        return max(self._peak, self._sample()) / 2**20
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=1)
-
-
-Call = Callable[[int], tuple[int, int]]  # request index -> (texts, tokens)
-
-
-def bounded_load(engine: str, make_client: Callable[[], Call], concurrency: int, max_requests: int,
-                 duration: float, sampler: RssSampler | None) -> Measurement:
-    """`concurrency` threads share a request counter; each stops at max_requests or after `duration` seconds.
-
-    Requests in flight at the deadline finish and count; the wall time runs to the last one.
-    """
-    counter = itertools.count()
-    lock = threading.Lock()
-    result = Measurement(engine)
-    errors: list[str] = []
-    if sampler is not None:
-        sampler.reset()
-    started = time.perf_counter()
-    deadline = started + duration
-
-    def client() -> None:
-        call = make_client()
-        while True:
-            i = next(counter)
-            if i >= max_requests or time.perf_counter() >= deadline:
-                return
-            t0 = time.perf_counter()
-            try:
-                n_texts, n_tokens = call(i)
-            except Exception as exc:  # noqa: BLE001 - a failed request is counted and reported, not fatal
-                with lock:
-                    result.errors += 1
-                    errors.append(f"{type(exc).__name__}: {exc}"[:200])
-                continue
-            latency = (time.perf_counter() - t0) * 1000
-            with lock:
-                result.texts += n_texts
-                result.tokens += n_tokens
-                result.latencies_ms.append(latency)
-
-    threads = [threading.Thread(target=client, daemon=True) for _ in range(concurrency)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    result.wall_s = time.perf_counter() - started
-    if sampler is not None:
-        result.peak_rss_mib = sampler.peak_mib
-    if errors:
-        result.note = f"{result.errors} failed requests, first: {errors[0]}"
-    return result
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Servers over HTTP (ours and llama-server)
-# ---------------------------------------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
-
-
-class ServerProcess:
-    """A server subprocess on 127.0.0.1; `startup_s` = process start to the first GET /health answering 200."""
-
-    def __init__(self, name: str, argv: list[str], port: int, log_dir: Path, ready_timeout: float = 180.0):
-        import requests
-
-        self.name = name
-        self.port = port
-        self.base = f"http://{HOST}:{port}"
-        self.log_path = log_dir / f"{name}-{port}.log"
-        self._log = open(self.log_path, "wb")
-        started = time.perf_counter()
-        self.proc = subprocess.Popen(argv, cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL)
-        self.startup_s = float("nan")
-        deadline = started + ready_timeout
-        while time.perf_counter() < deadline:
-            if self.proc.poll() is not None:
-                self.stop()
-                raise RuntimeError(f"{name} exited with {self.proc.returncode} while starting; log:\n{self.log_tail()}")
-            try:
-                if requests.get(self.base + "/health", timeout=1).status_code == 200:
-                    self.startup_s = time.perf_counter() - started
-                    break
-            except requests.RequestException:
-                pass
-            time.sleep(0.02)
-        else:
-            self.stop()
-            raise RuntimeError(f"{name} was not ready within {ready_timeout:g} s; log:\n{self.log_tail()}")
-        self.sampler = RssSampler(self.proc.pid)
-
-    def log_tail(self, n: int = 30) -> str:
-        self._log.flush()
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
-
-    def blas_line(self) -> str | None:
-        match = re.search(r"BLAS: (.+)", self.log_path.read_text(errors="replace"))
-        return match.group(1).strip() if match else None
-
-    def stop(self) -> None:
-        if getattr(self, "sampler", None) is not None:
-            self.sampler.close()
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=15)
-        self._log.close()
-
-
-def our_server_argv(model: Path | None, port: int, rerank: bool) -> list[str]:
-    argv = [sys.executable, "-m", "compat.cli", "--embedding", "--host", HOST, "--port", str(port)]
-    if model is not None:
-        argv += ["-m", str(model)]
-    if rerank:
-        argv.append("--reranking")
-    return argv
-
-
-def llama_argv(binary: str, gguf: str, port: int, rerank: bool, extra: str) -> list[str]:
-    argv = [binary, "--embedding", "--host", HOST, "--port", str(port), "-m", gguf]
-    if rerank:
-        argv.append("--reranking")
-    return argv + shlex.split(extra)
-
-
-def http_embed_client(base: str, pool: Sequence[str], batch: int) -> Callable[[], Call]:
-    """One requests.Session per client thread; bodies are built before the clock starts on each request."""
-    import orjson
-    import requests
-
-    url = base + "/v1/embeddings"
-
-    def make() -> Call:
-        session = requests.Session()
-
-        def call(i: int) -> tuple[int, int]:
-            texts = request_texts(pool, batch, i)
-            body = orjson.dumps({"input": texts[0] if batch == 1 else texts, "model": "bench"})
-            resp = session.post(url, data=body, headers={"Content-Type": "application/json"}, timeout=600)
-            resp.raise_for_status()
-            reply = orjson.loads(resp.content)
-            if len(reply["data"]) != batch:
-                raise RuntimeError(f"{len(reply['data'])} vectors for {batch} texts")
-            return batch, int(reply["usage"]["prompt_tokens"])
-
-        return call
-
-    return make
-
-
-def http_rerank_client(base: str, queries: Sequence[str], docs: Sequence[str]) -> Callable[[], Call]:
-    import orjson
-    import requests
-
-    url = base + "/v1/rerank"
-
-    def make() -> Call:
-        session = requests.Session()
-
-        def call(i: int) -> tuple[int, int]:
-            body = orjson.dumps({"query": queries[i % len(queries)], "documents": request_texts(docs, RERANK_DOCS, i),
-                                 "top_n": RERANK_DOCS, "model": "bench"})
-            resp = session.post(url, data=body, headers={"Content-Type": "application/json"}, timeout=600)
-            resp.raise_for_status()
-            reply = orjson.loads(resp.content)
-            if len(reply["results"]) != RERANK_DOCS:
-                raise RuntimeError(f"{len(reply['results'])} results for {RERANK_DOCS} documents")
-            return RERANK_DOCS, int(reply["usage"]["prompt_tokens"])
-
-        return call
-
-    return make
-
-
-def warm_http(make_client: Callable[[], Call], n: int = 2) -> None:
-    call = make_client()
-    for i in range(n):
-        call(i)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -682,83 +340,6 @@ def run_worker(kind: str, spec: dict[str, Any], tmp: Path, env: dict[str, str] |
 # ---------------------------------------------------------------------------------------------------------------
 # Report
 # ---------------------------------------------------------------------------------------------------------------
-def ratio(value: float, base: float) -> str:
-    if not base or base != base or value != value:
-        return "-"
-    return f"{value / base:.2f}"
-
-
-def fmt(value: float | None, digits: int = 1) -> str:
-    if value is None or value != value:
-        return "-"
-    return f"{value:,.{digits}f}"
-
-
-def scenario_table(sc: Scenario, markdown: bool) -> list[str]:
-    """Markdown: the listed columns plus 'ratio to ours' (throughput, p50). Console: every figure with its ratio."""
-    base = sc.ours()
-    lines = []
-    if markdown:
-        lines += ["| engine | texts/s | tokens/s | p50 ms | p95 ms | peak RSS MiB | ratio to ours (texts/s, p50) |",
-                  "|---|---:|---:|---:|---:|---:|---:|"]
-    for m in sc.rows:
-        cells = [(m.texts_per_s, base.texts_per_s if base else None, 1),
-                 (m.tokens_per_s, base.tokens_per_s if base else None, 0),
-                 (m.percentile(50), base.percentile(50) if base else None, 1),
-                 (m.percentile(95), base.percentile(95) if base else None, 1),
-                 (m.peak_rss_mib, base.peak_rss_mib if base else None, 0)]
-        note = f" ({m.note})" if m.note else ""
-        if markdown:
-            r = f"{ratio(m.texts_per_s, base.texts_per_s)}, {ratio(m.percentile(50), base.percentile(50))}" if base else "-"
-            lines.append(f"| {m.engine}{note} | " + " | ".join(fmt(v, d) for v, _, d in cells) + f" | {r} |")
-        else:
-            parts = [f"{fmt(v, d)} (x{ratio(v, b or float('nan'))})" for v, b, d in cells]
-            lines.append(f"  {m.engine:<44} texts/s {parts[0]}  tokens/s {parts[1]}  p50 ms {parts[2]}  "
-                         f"p95 ms {parts[3]}  RSS MiB {parts[4]}{note}")
-    for why in sc.skipped:
-        lines.append(f"| {why} | - | - | - | - | - | - |" if markdown else f"  skipped: {why}")
-    return lines
-
-
-def print_scenario(sc: Scenario) -> None:
-    print(f"\n{sc.title}  [ratios to ours in parentheses]", flush=True)
-    print("\n".join(scenario_table(sc, markdown=False)), flush=True)
-
-
-def machine_lines(blas_line: str | None) -> list[str]:
-    import psutil
-
-    cpu = "unknown"
-    try:
-        match = re.search(r"model name\s*:\s*(.+)", Path("/proc/cpuinfo").read_text())
-        cpu = match.group(1).strip() if match else platform.processor() or "unknown"
-    except OSError:
-        cpu = platform.processor() or "unknown"
-    os_name = platform.platform()
-    try:
-        match = re.search(r'PRETTY_NAME="(.+)"', Path("/etc/os-release").read_text())
-        os_name = f"{match.group(1)} ({platform.system()} {platform.release()})" if match else os_name
-    except OSError:
-        pass
-
-    def version(pkg: str) -> str:
-        try:
-            return importlib.metadata.version(pkg)
-        except importlib.metadata.PackageNotFoundError:
-            return "not installed"
-
-    coretype = os.environ.get("OPENBLAS_CORETYPE")
-    return [
-        f"- CPU: {cpu}, {psutil.cpu_count(logical=True)} logical cores ({psutil.cpu_count(logical=False)} physical)",
-        f"- RAM: {psutil.virtual_memory().total / 2**30:.1f} GiB",
-        f"- OS: {os_name}",
-        f"- Python {platform.python_version()}; mlx {version('mlx')}, torch {version('torch')}, onnxruntime "
-        f"{version('onnxruntime')}, transformers {version('transformers')}, sentence-transformers "
-        f"{version('sentence-transformers')}",
-        f"- BLAS (our engine): {blas_line or 'unknown'}" + (f"; OPENBLAS_CORETYPE={coretype}" if coretype else ""),
-        f"- Date: {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
-    ]
-
 
 @dataclass
 class Target:
@@ -915,7 +496,7 @@ class Run:
     def start_ratio(self, seconds: float) -> str:
         return ratio(seconds, statistics.median(self.startup)) if self.startup else "-"
 
-    def drive_embeddings(self, server: ServerProcess, label: str) -> None:
+    def drive_embeddings(self, server: MeasuredServer, label: str) -> None:
         """Every embedding scenario against one server: short/long x 1/32 texts x 1/4/16 clients."""
         for length in ("short", "long"):
             for batch in BATCHES:
@@ -935,7 +516,7 @@ class Run:
             if server is not None:
                 server.stop()
             port = free_port()
-            server = ServerProcess("ours", our_server_argv(self.model, port, False), port, self.tmp)
+            server = MeasuredServer("ours", our_server_argv(self.model, port, False), port, self.tmp)
             self.startup.append(server.startup_s)
             self.blas_line = self.blas_line or server.blas_line()
             print(f"ours: startup to ready {server.startup_s:.2f} s (start {n + 1} of {self.args.startup_runs})",
@@ -956,7 +537,7 @@ class Run:
                 sc.skipped.append("llama-server: skipped (no --llama-server-bin/--gguf)")
             return
         port = free_port()
-        llama = ServerProcess("llama-server", llama_argv(self.args.llama_server_bin, self.args.gguf, port, False,
+        llama = MeasuredServer("llama-server", llama_argv(self.args.llama_server_bin, self.args.gguf, port, False,
                                                          self.args.llama_server_args), port, self.tmp)
         self.startup_rows.append(("llama-server (process to GET /health 200)", f"{llama.startup_s:.2f}",
                                   self.start_ratio(llama.startup_s)))
@@ -1027,7 +608,7 @@ class Run:
             port = free_port()
             argv = (our_server_argv(self.reranker, port, True) if label == "ours"
                     else llama_argv(args.llama_server_bin, args.rerank_gguf, port, True, args.llama_server_args))
-            server = ServerProcess(f"{label}-rerank", argv, port, self.tmp)
+            server = MeasuredServer(f"{label}-rerank", argv, port, self.tmp)
             try:
                 make = http_rerank_client(server.base, queries, docs)
                 warm_http(make)

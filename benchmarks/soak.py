@@ -12,12 +12,13 @@ compared with its reference (the largest difference is the drift). The server's 
 the samples after the warm-up against the first quarter.
 The report (--out, default benchmarks/SOAK.md) is rewritten; the exit status is 0 only when there were no
 errors, the drift stayed within 1e-5 and the growth under 5%.
+This script owns its checking clients and SOAK.md; the server process, free port, texts and /proc RSS are
+benchmarks/harness.py's.
 """
 from __future__ import annotations
 
 import argparse
 import base64
-import datetime
 import os
 import platform
 import random
@@ -35,11 +36,9 @@ import requests
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
 
-from serve_bench import free_port, random_words  # noqa: E402
+from benchmarks.harness import HOST, ServerProcess, free_port, random_words, rss_mib, utc_stamp  # noqa: E402
 
-HOST = "127.0.0.1"
 MAX_DRIFT = 1e-5
 MAX_GROWTH = 0.05
 RSS_EVERY_S = 5.0
@@ -56,13 +55,6 @@ class Tally:
     latencies: list[float] = field(default_factory=list)
     by_route: dict[str, int] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmRSS")
 
 
 def vectors_of(route: str, res: requests.Response) -> list[np.ndarray]:
@@ -146,23 +138,15 @@ def main(argv: list[str] | None = None) -> int:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
                             text=True).stdout.strip()
     port = free_port()
-    base = f"http://{HOST}:{port}"
     server_argv = [sys.executable, "-m", "compat.cli", "--embedding", "--metrics", "--host", HOST, "--port",
                    str(port), *shlex.split(args.server_args)]
     log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"soak-server-{port}.log"
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(server_argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        server = ServerProcess(server_argv, port, log).start()
+    base = server.base
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"the server did not start; log: {log_path}")
-            try:
-                if requests.get(base + "/health", timeout=1).status_code == 200:
-                    break
-            except requests.RequestException:
-                pass
-            time.sleep(0.1)
+        if server.poll_ready(180, interval=0.1) != "ready":
+            raise SystemExit(f"the server did not start; log: {log_path}")
         pool = make_pool(args.pool)
         reference = {t: np.asarray(requests.post(base + "/v1/embeddings", json={"input": t}, timeout=60)
                                    .json()["data"][0]["embedding"]) for t in pool}
@@ -176,17 +160,16 @@ def main(argv: list[str] | None = None) -> int:
         for thread in threads:
             thread.start()
         while time.monotonic() < until:
-            samples.append((time.monotonic() - started, rss_mib(proc.pid)))
+            samples.append((time.monotonic() - started, rss_mib(server.proc.pid)))
             time.sleep(min(every, max(0.0, until - time.monotonic())))
         for thread in threads:
             thread.join(timeout=180)
-        samples.append((time.monotonic() - started, rss_mib(proc.pid)))
+        samples.append((time.monotonic() - started, rss_mib(server.proc.pid)))
         healthy = requests.get(base + "/health", timeout=10).status_code == 200
         metrics = requests.get(base + "/metrics", timeout=10).text
         elapsed = time.monotonic() - started
     finally:
-        proc.terminate()
-        exit_code = proc.wait(timeout=60)
+        exit_code = server.terminate(60)
     window = (elapsed - warmup) / 4
     baseline = median_between(samples, warmup, warmup + window)
     final = median_between(samples, elapsed - window, elapsed)
@@ -207,7 +190,7 @@ def write_report(args: argparse.Namespace, server_argv: list[str], tally: Tally,
         "# Soak run",
         "",
         f"`{' '.join(['benchmarks/soak.py', *(argv_text for argv_text in sys.argv[1:])])}` at commit `{commit}`, "
-        f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {platform.machine()} "
+        f"{utc_stamp()}, {platform.machine()} "
         f"{os.cpu_count()} cores. The machine was shared with other work during the run (load average at the "
         f"end {load[0]:.1f}), so the throughput below is not a speed measurement.",
         "",

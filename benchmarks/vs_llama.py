@@ -14,17 +14,17 @@ other, the order alternating from round to round (A B, B A, A B, ...), so slow d
 both. A figure is the median over rounds; a ratio's spread is the lowest and highest of the per-round ratios
 (each round's pair ran back to back). Peak RSS is sampled every 50 ms over the whole run (process and children).
 Every load is a fixed number of requests, so the run ends by itself. See benchmarks/README.md.
+This script owns the workloads, the rounds and RESULTS.md; the server processes, texts, HTTP clients and
+bounded load are benchmarks/harness.py's.
 """
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import platform
 import random
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
@@ -34,9 +34,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.serve_bench import (  # noqa: E402
+from benchmarks.harness import (  # noqa: E402
+    MeasuredServer,
     Measurement,
-    ServerProcess,
     bounded_load,
     free_port,
     http_embed_client,
@@ -46,6 +46,7 @@ from benchmarks.serve_bench import (  # noqa: E402
     make_texts,
     our_server_argv,
     random_words,
+    utc_stamp,
 )
 
 PEERS = Path("/work/shared/peers/llama-server")
@@ -118,17 +119,18 @@ def rerank_texts(seed: int) -> tuple[list[str], list[str]]:
     return queries, docs
 
 
-def start_pair(tag: str, ours_argv: list[str], llama_args: list[str], logs: Path) -> tuple[ServerProcess, ServerProcess]:
-    ours = ServerProcess(f"ours-{tag}", ours_argv, int(ours_argv[ours_argv.index("--port") + 1]), logs)
+def start_pair(tag: str, ours_argv: list[str], llama_args: list[str],
+               logs: Path) -> tuple[MeasuredServer, MeasuredServer]:
+    ours = MeasuredServer(f"ours-{tag}", ours_argv, int(ours_argv[ours_argv.index("--port") + 1]), logs)
     try:
-        llama = ServerProcess(f"llama-{tag}", llama_args, int(llama_args[llama_args.index("--port") + 1]), logs)
+        llama = MeasuredServer(f"llama-{tag}", llama_args, int(llama_args[llama_args.index("--port") + 1]), logs)
     except BaseException:
         ours.stop()
         raise
     return ours, llama
 
 
-def run_rounds(w: Workload, clients: dict[str, Callable], servers: dict[str, ServerProcess], rounds: int) -> Rounds:
+def run_rounds(w: Workload, clients: dict[str, Callable], servers: dict[str, MeasuredServer], rounds: int) -> Rounds:
     result = Rounds(w)
     for r in range(rounds):
         order = ("ours", "llama") if r % 2 == 0 else ("llama", "ours")
@@ -165,7 +167,7 @@ def report(results: list[Rounds], rss: dict[str, dict[str, float]], argv: list[s
              "## Setup", "",
              f"- Machine: {platform.machine()}, {os.cpu_count()} logical cores, {platform.platform()}; "
              f"Python {platform.python_version()}",
-             f"- Date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; load average at the start: "
+             f"- Date: {utc_stamp()}; load average at the start: "
              f"{load_avg[0]:.1f} / {load_avg[1]:.1f} / {load_avg[2]:.1f} (1 / 5 / 15 min)",
              f"- llama-server: `{PEERS}` (llama.cpp 3f545bec, CPU), `{GGUF.name}` and `{RERANK_GGUF.name}`",
              f"- ours: `python -m compat.cli` on the same weights (safetensors, float32)",

@@ -28,11 +28,15 @@ from compat.middleware import (
     TimingMiddleware,
 )
 from compat.openapi import OpenApiResource, openapi_document
+from compat.resources.cohere_embed import CohereEmbedResource
 from compat.resources.embeddings import EmbeddingsResource
 from compat.resources.info import HealthResource, MetricsResource, SlotsResource
 from compat.resources.maxsim import MaxSimResource
-from compat.resources.models import ModelActionResource, ModelsResource, PropsResource
+from compat.resources.model_management import ModelActionResource, ModelsResource, PropsResource
+from compat.resources.ollama import ollama_routes
 from compat.resources.rerank import RerankResource
+from compat.resources.tei import tei_routes
+from compat.resources.score import ScoreResource
 from compat.resources.tokenize import DetokenizeResource, TokenizeResource
 from compat.resources.unsupported import UnsupportedRouteResource, not_served_message
 from compat.routing import ModelRouter, Models, SingleModel
@@ -103,8 +107,13 @@ def create_app(settings: Settings, engine: Engine | ModelRouter, lifecycle: Life
         "/detokenize": DetokenizeResource(models),
         **{path: rerank for path in ("/rerank", "/reranking", "/v1/rerank", "/v1/reranking")},
         "/v2/rerank": RerankResource(models, cohere_v2=True),  # Cohere v2 clients
-        # ours: late-interaction scoring for multi-vector models (README: MaxSim)
+        "/v1/embed": CohereEmbedResource(models, version=1),  # Cohere embed (docs/routes.md)
+        "/v2/embed": CohereEmbedResource(models, version=2),
+        **dict.fromkeys(("/score", "/v1/score"), ScoreResource(models)),  # vLLM's score API
+        # ours: late-interaction scoring for multi-vector models (docs/routes.md, "Multi-vector output and MaxSim")
         **{path: maxsim for path in ("/maxsim", "/v1/maxsim")},
+        **ollama_routes(models, settings),  # Ollama's /api/embed, /api/embeddings, /api/tags, ... (docs/routes.md)
+        **tei_routes(models, _version()),  # Text Embeddings Inference's native routes (docs/routes.md)
         # generation routes exist in llama-server; here they say why they are missing instead of 404
         **{path: UnsupportedRouteResource(not_served_message(path))
            for path in ("/completion", "/completions", "/v1/completions", "/chat/completions",

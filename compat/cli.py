@@ -1,12 +1,12 @@
 """The commands: `mlx-embed-server` (llama-server's command line, then the server), and the offline `mlx-embed`
-and `mlx-rerank` (compat/tools.py, compat/corpus.py)."""
+and `mlx-rerank` (compat/tools.py, compat/corpus/)."""
 from __future__ import annotations
 
 import logging
 import os
 import sys
 
-from compat.models import read_catalog
+from compat.catalog import read_catalog
 from compat.settings import (
     EmbedCommand,
     HelpRequested,
@@ -67,11 +67,12 @@ def _offline(command: type[EmbedCommand] | type[RerankCommand], argv: list[str] 
         if isinstance(options, RerankCommand):
             return tools.rerank_documents(options, sys.stdout)
         if options.input is not None:
-            from compat import corpus
+            from compat.corpus.groups import JobFailed
+            from compat.corpus.job import run_command
 
             try:
-                return corpus.run_command(options, progress_to=sys.stderr)
-            except corpus.JobFailed as exc:
+                return run_command(options, progress_to=sys.stderr)
+            except JobFailed as exc:
                 print(f"error: {exc}", file=sys.stderr)
                 return 1
         return tools.embed_texts(options, sys.stdout)

@@ -1,7 +1,7 @@
 """Every error a client can see, in llama-server's envelopes, and the ONE engine-error table.
 
 Handler errors are `{"error":{"code","message","type"}}`; errors raised before routing (401, 404, 503 while
-loading) use llama's middleware key order `{"error":{"message","type","code"}}` (contract §1.3, §1.4).
+loading) use llama's middleware key order `{"error":{"message","type","code"}}` (docs/llama-server-contract.md §1.3, §1.4).
 """
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ TIMEOUT = "timeout_error"
 
 RETRY_AFTER_S = 1  # sent with every 503: overload and loading pass; a client backs off this long and retries
 
-# llama's enum -> status, used to type falcon's own HTTPErrors (contract §1.4)
+# llama's enum -> status, used to type falcon's own HTTPErrors (docs/llama-server-contract.md §1.4)
 _TYPE_BY_STATUS = {400: INVALID_REQUEST, 401: AUTHENTICATION, 403: "permission_error", 404: NOT_FOUND,
                    500: SERVER, 501: NOT_SUPPORTED, 503: UNAVAILABLE, 504: TIMEOUT}  # other 4xx: INVALID_REQUEST
 

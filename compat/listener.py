@@ -9,6 +9,7 @@ into its environ, which is how a drain tells the requests it owes an answer from
 from __future__ import annotations
 
 import logging
+import os
 import resource
 import signal
 import threading
@@ -31,6 +32,14 @@ if TYPE_CHECKING:
     from compat.settings import Settings
 
 log = logging.getLogger("mlx_embed_server")
+
+def http_threads(settings: Settings) -> int:
+    """llama-server's default: max(n_parallel + 4, cores - 1), with n_parallel auto = 4."""
+    if settings.threads_http > 0:
+        return settings.threads_http
+    n_parallel = 4 if settings.parallel < 0 else settings.parallel
+    return max(n_parallel + 4, (os.cpu_count() or 1) - 1)
+
 
 LOOP_TICK_S = 0.25  # how often the serving loop looks at the drain state
 FLUSH_GRACE_S = 5.0  # after the last admitted request, how long answers still being written may take

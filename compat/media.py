@@ -3,7 +3,8 @@
 Sources: `data:image/...;base64,...` URLs and bare base64 always; `file://` paths only inside --media-path
 (relative to it as llama.cpp reads them, leading slashes included, or absolute inside it; no `..`, symlinks
 resolved before the check); `http(s)://` only with
---allow-remote-media, fetched with a byte cap and a timeout. Every source is bounded by --media-max-bytes.
+--allow-remote-media, fetched with a byte cap and one deadline (--media-timeout) over the whole download: name
+resolution, connecting, the answer's headers and its body. Every source is bounded by --media-max-bytes.
 `load` raises ValueError with a message for the client; `image_input` turns it into a 400 naming the input.
 """
 from __future__ import annotations
@@ -11,15 +12,18 @@ from __future__ import annotations
 import base64
 import binascii
 import functools
+import http.client
 import os
 import re
+import socket
+import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from compat.errors import bad_request
 from compat.wire.inputs import MediaRef, Prompt, has_media
@@ -111,29 +115,143 @@ def _inside(root: Path, candidate: Path) -> Path | None:
     return resolved if resolved == root or root in resolved.parents else None
 
 
+class _Deadline:
+    """One deadline over a download, whatever phase it is in. Name resolution runs in a thread of its own that the
+    download stops waiting for (a resolver cannot be interrupted; the thread ends when it answers); every socket
+    opened waits at most what is left for each operation, and when the deadline passes they are all shut down,
+    which ends any read in progress (headers arriving a byte at a time included, over TLS too)."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self._end = time.monotonic() + seconds
+        self._sockets: list[socket.socket] = []  # duplicates of the connections' sockets, for the shutdown
+        self._lock = threading.Lock()
+        self.passed = False
+        self._timer = threading.Timer(seconds, self._pass)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def left(self) -> float:
+        left = self._end - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("deadline passed")
+        return left
+
+    def _pass(self) -> None:
+        with self._lock:
+            self.passed = True
+            for sock in self._sockets:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:  # already closed by the other side
+                    pass
+
+    def close(self) -> None:
+        self._timer.cancel()
+        with self._lock:
+            for sock in self._sockets:
+                sock.close()
+            self._sockets.clear()
+
+    def _resolve(self, host: str, port: int) -> list[tuple]:
+        found: list[Any] = []
+        done = threading.Event()
+
+        def resolve() -> None:
+            try:
+                found.append(socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM))
+            except Exception as exc:  # noqa: BLE001 - an IDNA error too: the download fails, naming it
+                found.append(exc if isinstance(exc, OSError) else OSError(f"cannot resolve {host!r}: {exc}"))
+            done.set()
+
+        threading.Thread(target=resolve, name="media-resolve", daemon=True).start()
+        if not done.wait(self.left()):
+            raise TimeoutError("deadline passed")
+        if isinstance(found[0], OSError):
+            raise found[0]
+        return found[0]
+
+    def connect(self, address: tuple[str, int], timeout: Any = None, source_address: Any = None) -> socket.socket:
+        """socket.create_connection with the deadline: http.client calls it (for HTTPS before wrapping TLS)."""
+        error: OSError | None = None
+        for family, kind, proto, _, where in self._resolve(*address):
+            sock = socket.socket(family, kind, proto)
+            try:
+                sock.settimeout(self.left())
+                if source_address:
+                    sock.bind(source_address)
+                sock.connect(where)
+            except OSError as exc:
+                sock.close()
+                error = exc
+                continue
+            with self._lock:
+                if self.passed:
+                    sock.close()
+                    raise TimeoutError("deadline passed")
+                self._sockets.append(sock.dup())  # shutting the duplicate down ends reads on the original too
+            return sock
+        raise error or OSError(f"cannot connect to {address[0]}")
+
+    def connection(self, cls: type[http.client.HTTPConnection]) -> Callable[..., http.client.HTTPConnection]:
+        def make(*args: Any, **kwargs: Any) -> http.client.HTTPConnection:
+            conn = cls(*args, **kwargs)
+            conn._create_connection = self.connect  # type: ignore[attr-defined]  # http.client's own hook
+            return conn
+
+        return make
+
+
+class _HttpHandler(urllib.request.HTTPHandler):
+    def __init__(self, deadline: _Deadline):
+        super().__init__()
+        self._deadline = deadline
+
+    def http_open(self, req: urllib.request.Request) -> Any:
+        return self.do_open(self._deadline.connection(http.client.HTTPConnection), req)
+
+
+class _HttpsHandler(urllib.request.HTTPSHandler):
+    def __init__(self, deadline: _Deadline):
+        super().__init__()
+        self._deadline = deadline
+
+    def https_open(self, req: urllib.request.Request) -> Any:
+        return self.do_open(self._deadline.connection(http.client.HTTPSConnection), req, context=self._context)
+
+
+def _opener(deadline: _Deadline) -> urllib.request.OpenerDirector:
+    """urllib's, its connections made under the deadline (redirects and proxies included)."""
+    return urllib.request.build_opener(_HttpHandler(deadline), _HttpsHandler(deadline))
+
+
 def _remote(url: str, policy: MediaPolicy) -> bytes:
     if not policy.allow_remote:
         raise ValueError("http(s) image URLs are not allowed unless the server is started with --allow-remote-media")
-    deadline = time.monotonic() + policy.timeout_s
+    too_slow = f"downloading the image took longer than {policy.timeout_s:g} s (--media-timeout)"
     request = urllib.request.Request(url, headers={"User-Agent": "mlx-embed-server"})
+    deadline = _Deadline(policy.timeout_s)
     chunks, size = [], 0
     try:
-        with urllib.request.urlopen(request, timeout=policy.timeout_s) as response:  # noqa: S310 (operator-enabled)
-            # read1: what one receive brings (read(n) would wait for n bytes, so a server trickling bytes could
-            # hold the request far past --media-timeout; each receive is bounded by the socket timeout)
+        with _opener(deadline).open(request, timeout=policy.timeout_s) as response:
+            # read1: what one receive brings (read(n) would wait for n bytes); the deadline ends a receive that
+            # waits past it
             while chunk := response.read1(1 << 16):
                 size += len(chunk)
                 if size > policy.max_bytes:
                     raise ValueError(f"the image is larger than the {policy.max_bytes} bytes allowed "
                                      f"(--media-max-bytes)")
-                if time.monotonic() > deadline:
-                    raise ValueError(f"downloading the image took longer than {policy.timeout_s:g} s "
-                                     f"(--media-timeout)")
                 chunks.append(chunk)
+        if deadline.passed:  # the shutdown can look like the end of the body
+            raise ValueError(too_slow)
     except urllib.error.HTTPError as exc:
         raise ValueError(f"downloading the image failed: HTTP {exc.code}") from None
-    except (urllib.error.URLError, TimeoutError, OSError) as exc:
+    except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:
+        if deadline.passed or isinstance(exc, TimeoutError) or isinstance(getattr(exc, "reason", None), TimeoutError):
+            raise ValueError(too_slow) from None
         raise ValueError(f"downloading the image failed: {getattr(exc, 'reason', exc)}") from None
+    finally:
+        deadline.close()
     return b"".join(chunks)
 
 

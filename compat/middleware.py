@@ -1,4 +1,4 @@
-"""llama-server's pre-routing chain (contract §1.3), in its order: CORS, OPTIONS preflight, loading check,
+"""llama-server's pre-routing chain (docs/llama-server-contract.md §1.3), in its order: CORS, OPTIONS preflight, loading check,
 API key, then --api-prefix just before routing. Plus TEI-style timing headers on the way out."""
 from __future__ import annotations
 

@@ -16,6 +16,10 @@ import falcon
 import falcon.inspect
 
 from compat.middleware import PUBLIC_PATHS, normalize_prefix
+from compat.openapi_ollama import OPERATIONS as OLLAMA_OPERATIONS
+from compat.openapi_ollama import SCHEMAS as OLLAMA_SCHEMAS
+from compat.openapi_tei import TEI_OPERATIONS, tei_answers, tei_schemas
+from compat.openapi_others import OTHER_SERVERS_OPERATIONS, other_servers_schemas
 from compat.wire.inputs import MAX_JSON_DEPTH
 
 if TYPE_CHECKING:
@@ -86,7 +90,10 @@ def _schemas(settings: Settings) -> dict[str, Schema]:
                            "(`content` answers in llama's shape on every route). Other fields are ignored.",
             "properties": {
                 "input": prompts, "content": prompts,
-                "encoding_format": {"enum": ["float", "base64"], "default": "float"},
+                "encoding_format": {"enum": ["float", "base64", "int8", "uint8", "binary", "ubinary"],
+                                    "default": "float",
+                                    "description": "int8 / uint8 / binary / ubinary: our extension, integer codes "
+                                                   "(docs/routes.md, \"Compact vectors\")"},
                 "embd_normalize": {"type": "integer", "description": "-1 none, 0 max absolute, 1 taxicab, "
                                                                      "2 Euclidean (default: --embd-normalize), >2 p-norm"},
                 "truncate": _nullable(_BOOL), "model": _MODEL,
@@ -102,11 +109,14 @@ def _schemas(settings: Settings) -> dict[str, Schema]:
                     "properties": {"embedding": {
                         "anyOf": [{"type": "array", "items": _NUMBER_OR_NULL},
                                   {"type": "array", "items": {"type": "array", "items": _NUMBER_OR_NULL}},
-                                  {"type": "string", "contentEncoding": "base64"}],
+                                  {"type": "string", "contentEncoding": "base64"},
+                                  {"type": "array", "items": _INT},
+                                  {"type": "array", "items": {"type": "array", "items": _INT}}],
                         "description": "one vector; a multi-vector model's [n_tokens, d] rows (base64: row-major "
                                        "float32)"},
                                    "index": _INT, "object": {"const": "embedding"},
-                                   "encoding_format": {"const": "base64"}}}}}},
+                                   "encoding_format": {"enum": ["base64", "int8", "uint8", "binary",
+                                                                "ubinary"]}}}}}},
         "LlamaEmbeddings": {
             "type": "array", "items": {
                 "type": "object", "required": ["index", "embedding"],
@@ -118,12 +128,13 @@ def _schemas(settings: Settings) -> dict[str, Schema]:
             "type": "object", "required": ["query"],
             "description": "llama-server / Jina / Cohere / TEI rerank request; `documents` or `texts` (TEI: the "
                            "`texts` key selects TEI's answer shape) is required. Ignored: priority, relevant_spans, "
-                           "raw_scores, max_chunks_per_doc, max_tokens_per_doc, truncation_direction.",
+                           "raw_scores, max_tokens_per_doc, truncation_direction.",
             "properties": {
                 "query": item, "documents": _nullable(documents), "texts": _nullable(documents),
                 "top_n": _nullable({"type": "integer", "minimum": 0}),
                 "return_documents": _nullable(_BOOL), "return_text": _nullable(_BOOL),
                 "truncate": _nullable(_BOOL), "instruction": _nullable(_STRING), "model": _MODEL,
+                "max_chunks_per_doc": _nullable({"type": "integer", "minimum": 1}),
                 "rank_fields": _nullable({"enum": [[], ["text"]]}),
             }},
         "Rerank": {
@@ -137,6 +148,7 @@ def _schemas(settings: Settings) -> dict[str, Schema]:
             "type": "object", "required": ["id", "results", "meta", "model", "usage"],
             "properties": {"id": _STRING, "results": {"type": "array", "items": rerank_result},
                            "meta": {"type": "object"}, "model": _STRING, "usage": usage}},
+        **other_servers_schemas(batch),
         "TokenizeRequest": {
             "type": "object",
             "properties": {"content": {"anyOf": [_STRING, {"type": "array", "items": _TOKEN_OR_TEXT}]},
@@ -163,6 +175,7 @@ def _schemas(settings: Settings) -> dict[str, Schema]:
         "Slots": {"type": "array", "items": {
             "type": "object", "required": ["id", "n_ctx", "is_processing"],
             "properties": {"id": _INT, "n_ctx": _INT, "speculative": _BOOL, "is_processing": _BOOL}}},
+        **OLLAMA_SCHEMAS,
     }
 
 
@@ -215,8 +228,11 @@ _OPERATIONS: dict[str, dict[str, Schema]] = {
     "/v1/maxsim": _MAXSIM,
     "/v2/rerank": {"post": {"summary": "rerank documents (Cohere v2)", "requestBody": _body("RerankRequest"),
                             "responses": _ok(_ref("CohereV2Rerank"))}},
-    "/tokenize": {"post": {"summary": "text to token ids", "requestBody": _body("TokenizeRequest"),
-                           "responses": _ok(_ref("Tokens"))}},
+    **OTHER_SERVERS_OPERATIONS,  # Cohere embed, vLLM score
+    "/tokenize": {"post": {"summary": "text to token ids (TEI's token objects when the body has `inputs`)",
+                           "requestBody": {"required": True, "content": {JSON: {"schema": {"anyOf": [
+                               _ref("TokenizeRequest"), _ref("TeiTokenizeRequest")]}}}},
+                           "responses": tei_answers(_one_of("Tokens", "TeiTokens"), llama_errors=True)}},
     "/detokenize": {"post": {"summary": "token ids to text", "requestBody": _body("DetokenizeRequest"),
                              "responses": _ok(_ref("Content"))}},
     "/props": {"get": {"summary": "server and model properties", "parameters": [_MODEL_QUERY],
@@ -235,6 +251,8 @@ _OPERATIONS: dict[str, dict[str, Schema]] = {
     "/metrics": {"get": {"summary": "Prometheus metrics (needs --metrics)",
                          "responses": _ok(_STRING, media="text/plain")}},
     "/openapi.json": {"get": {"summary": "this document", "responses": _ok({"type": "object"})}},
+    **OLLAMA_OPERATIONS,  # Ollama's /api/... routes
+    **TEI_OPERATIONS,
     **{path: _NOT_SERVED for path in ("/completion", "/completions", "/v1/completions", "/chat/completions",
                                       "/v1/chat/completions", "/infill", "/v1/responses", "/v1/messages",
                                       "/apply-template")},
@@ -251,10 +269,11 @@ def _operation(path: str, method: str, declared: Schema, secured: bool) -> Schem
     if method == "head":  # the GET's statuses without bodies
         responses = {status: {"description": answer["description"]} for status, answer in responses.items()}
         operation.pop("requestBody", None)
-    responses["default"] = {"description": "an error, in llama-server's envelope (400 bad request, 401 no or "
-                                           "wrong API key, 404, 413 too large, 500, 501 not served, 503 "
-                                           "loading/overloaded/draining with Retry-After, 504 deadline passed)",
-                            **({} if method == "head" else {"content": {JSON: {"schema": _ref("Error")}}})}
+    responses.setdefault("default", {
+        "description": "an error, in llama-server's envelope (400 bad request, 401 no or wrong API key, 404, 413 too "
+                       "large, 500, 501 not served, 503 loading/overloaded/draining with Retry-After, 504 deadline "
+                       "passed)",
+        **({} if method == "head" else {"content": {JSON: {"schema": _ref("Error")}}})})
     operation["responses"] = responses
     if not secured or path in PUBLIC_PATHS:
         operation["security"] = []
@@ -287,7 +306,7 @@ def openapi_document(app: falcon.App, settings: Settings, version: str) -> Schem
                                 f"{MAX_JSON_DEPTH} levels."},
         "servers": [{"url": normalize_prefix(settings.api_prefix) or "/"}],
         "paths": dict(sorted(paths.items())),
-        "components": {"schemas": _schemas(settings)},
+        "components": {"schemas": {**_schemas(settings), **tei_schemas(settings.max_client_batch_size)}},
     }
     if secured:
         document["components"]["securitySchemes"] = {

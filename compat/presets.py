@@ -6,10 +6,11 @@ leniency: lines may be indented. This module only parses; what keys mean is up t
 """
 from __future__ import annotations
 
-import importlib.util
 import re
 from dataclasses import dataclass
 from pathlib import Path
+
+from engine import data_folder
 
 # Sections that hold settings for everything (llama: [*], [default] and keys before any header); every other
 # section of a preset or --config file declares a model.
@@ -22,13 +23,7 @@ PRESET_ONLY_KEYS = (LOAD_ON_STARTUP, "stop-timeout", "dedup-cache-models")
 
 def config_examples_dir() -> Path:
     """The example config files: installed as the compat.config_examples data package, else config/ here."""
-    try:
-        spec = importlib.util.find_spec("compat.config_examples")
-    except ModuleNotFoundError:
-        spec = None
-    if spec is not None and spec.submodule_search_locations:
-        return Path(list(spec.submodule_search_locations)[0])
-    return Path(__file__).resolve().parent.parent / "config"
+    return data_folder("compat.config_examples", "config")
 
 
 class PresetError(ValueError):

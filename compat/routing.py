@@ -15,14 +15,11 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
+from typing import Protocol
 
-from typing import Any, Protocol
-
+from compat.catalog import EMBEDDING, RERANK, Catalog, Kind, ModelSpec, read_catalog
 from compat.errors import bad_request, not_supported
-from compat.models import EMBEDDING, RERANK, Catalog, Kind, ModelSpec, read_catalog
 from compat.settings import Settings, SettingsError
-from compat.wire.info import render_models_response, render_props_response
-from compat.wire.models import render_router_models_response, render_router_props_response
 from engine import Engine, Residency
 from engine.errors import NotLoaded, ReplyTimeout
 from engine.types import EmbedResult, ModelState, Pooling, RerankResult, ResidencyStatus, Timings
@@ -120,6 +117,8 @@ class ModelView:
 class SingleModel:
     """One engine for everything, exactly as llama-server without a router."""
 
+    router_mode = False
+
     def __init__(self, engine: Engine, settings: Settings):
         self._engine = engine
         self._settings = settings
@@ -141,21 +140,14 @@ class SingleModel:
     def describe(self) -> list[ModelView]:
         return []  # the single-model /metrics and /models stay llama-server's
 
-    def listing(self, created: int) -> dict[str, Any]:
-        # the engine refuses to load an embedder in rank mode and a reranker outside it, so this names the model
-        capabilities = ["rerank"] if self._settings.pooling is Pooling.RANK else ["embedding"]
-        return render_models_response(self._settings, self._engine.info, capabilities, created=created)
-
-    def props(self, name: str | None, version: str) -> dict[str, Any]:
-        """llama's single-model /props; ?model= is ignored there as here."""
-        return render_props_response(self._settings, self._engine.info, version)
-
     def reload(self) -> None:
         raise not_supported(NOTHING_TO_RELOAD)
 
 
 class ModelRouter:
     """Several models behind one server, loaded and unloaded by a Residency."""
+
+    router_mode = True
 
     def __init__(self, settings: Settings, residency: Residency, catalog: Catalog):
         self._settings = settings
@@ -255,19 +247,11 @@ class ModelRouter:
         return [ModelView(spec, self._residency.status(spec.options), self._counter(spec.id).snapshot())
                 for spec in self._catalog.models]
 
-    def listing(self, created: int) -> dict[str, Any]:
-        return render_router_models_response(self.describe(), created=created)
-
-    def props(self, name: str | None, version: str) -> dict[str, Any]:
-        """llama's router answer; with a name, that model's own /props (loading it if need be)."""
-        if not name:
-            return render_router_props_response(self._settings, version)
-        with self.lease(None, lambda: name, count=False) as served:
-            return render_props_response(served.settings, served.engine.info, version, model_name=served.name)
-
 
 class Models(Protocol):
     """What every route is built on, whether the server runs one model (SingleModel) or several (ModelRouter)."""
+
+    router_mode: bool  # several models: /models and /props give llama's router-mode answers
 
     def lease(self, kind: Kind | None, requested: RequestedModel, *,
               count: bool = True) -> AbstractContextManager[Served]: ...
@@ -275,9 +259,5 @@ class Models(Protocol):
     def stats(self) -> dict[str, float]: ...
 
     def describe(self) -> list[ModelView]: ...
-
-    def listing(self, created: int) -> dict[str, Any]: ...
-
-    def props(self, name: str | None, version: str) -> dict[str, Any]: ...
 
     def reload(self) -> None: ...

@@ -10,22 +10,14 @@ import signal
 import threading
 
 from compat.app import create_app
+from compat.catalog import Catalog
 from compat.lifecycle import Lifecycle
-from compat.listener import GracefulServer, create_listener
-from compat.models import Catalog
+from compat.listener import GracefulServer, create_listener, http_threads
 from compat.routing import ModelRouter
 from compat.settings import Settings, SettingsError
 from engine import Engine, Residency, default_model
 
 log = logging.getLogger("mlx_embed_server")
-
-
-def http_threads(settings: Settings) -> int:
-    """llama-server's default: max(n_parallel + 4, cores - 1), with n_parallel auto = 4."""
-    if settings.threads_http > 0:
-        return settings.threads_http
-    n_parallel = 4 if settings.parallel < 0 else settings.parallel
-    return max(n_parallel + 4, (os.cpu_count() or 1) - 1)
 
 
 def model_path(settings: Settings) -> str | None:

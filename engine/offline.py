@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from engine.compute.normalize import check_dimensions
 from engine.errors import InputTooLong, InvalidInput
-from engine.compute.normalize import check_dimensions, normalize_embedding
 from engine.runtime.engine import Engine
 from engine.types import EngineOptions, ImageInput, ModelInfo, Pooling, RerankItem
 
@@ -138,14 +138,15 @@ class Encoder(_Loaded):
         if isinstance(texts, str):
             texts = [texts]
         p = normalization(normalize)
-        check_dimensions(dimensions, self.info.n_embd)
+        size = check_dimensions(dimensions, self.info.n_embd)
         if self.info.vision_language:  # the family formats its texts itself (engine/multimodal/inputs.py)
             self._one_vector_per_input()
-            raw, n_tokens = self._embed_prompts([[text] for text in texts], batch_size, prompt_name, instruction)
+            vectors, n_tokens = self._embed_prompts([[text] for text in texts], batch_size, prompt_name,
+                                                    instruction, p, dimensions)
         else:
             token_lists = self.engine.tokenizer.encode_prompts(self._prompts(list(texts), prompt_name, instruction))
-            raw, n_tokens = self._embed(token_lists, batch_size)
-        return Embedded(self._finish(raw, p, dimensions), n_tokens)
+            vectors, n_tokens = self._embed(token_lists, batch_size, p, dimensions)
+        return Embedded(_stacked(vectors, size), n_tokens)
 
     def embed_images(self, images: Sequence[bytes | str | Path], *, normalize: bool | int = True,
                      dimensions: int | None = None, batch_size: int | None = None, prompt_name: str | None = None,
@@ -154,10 +155,11 @@ class Encoder(_Loaded):
         models that take images; a bad one raises InvalidImage naming it, as the server answers 400.
         prompt_name / instruction reach the families that build their own prompts (engine/multimodal/inputs.py) only."""
         p = normalization(normalize)
-        check_dimensions(dimensions, self.info.n_embd)
+        size = check_dimensions(dimensions, self.info.n_embd)
         self._one_vector_per_input()
-        raw, n_tokens = self._embed_prompts(_image_inputs(images), batch_size, prompt_name, instruction)
-        return Embedded(self._finish(raw, p, dimensions), n_tokens)
+        vectors, n_tokens = self._embed_prompts(_image_inputs(images), batch_size, prompt_name, instruction, p,
+                                                dimensions)
+        return Embedded(_stacked(vectors, size), n_tokens)
 
     def embed_token_vectors(self, texts: Sequence[str] = (), images: Sequence[bytes | str | Path] = (), *,
                             batch_size: int | None = None, prompt_name: str | None = None,
@@ -185,25 +187,23 @@ class Encoder(_Loaded):
         chunk = min(chunk, self.engine.options.max_queue_items)
         return [slice(start, start + chunk) for start in range(0, n, chunk)]
 
-    def _embed(self, token_lists: list[list[int]], batch_size: int | None) -> tuple[list[np.ndarray], list[int]]:
-        """Raw pooled vectors and token counts, in order."""
+    def _embed(self, token_lists: list[list[int]], batch_size: int | None, embd_normalize: int,
+               dimensions: int | None) -> tuple[list[np.ndarray], list[int]]:
+        """Pooled vectors, finished by the engine (`dimensions`, then `embd_normalize`), and token counts, in order."""
         self._one_vector_per_input()
-        results = [self.engine.embed(token_lists[part]) for part in self._chunks(len(token_lists), batch_size)]
+        results = [self.engine.embed(token_lists[part], embd_normalize=embd_normalize, dimensions=dimensions)
+                   for part in self._chunks(len(token_lists), batch_size)]
         return [v for r in results for v in r.vectors], [n for r in results for n in r.n_tokens]
 
     def _embed_prompts(self, prompts: list[list[str] | ImageInput], batch_size: int | None,
-                       prompt_name: str | None = None,
-                       instruction: str | None = None) -> tuple[list[np.ndarray], list[int]]:
-        """Raw vectors (or rows) and token counts of text prompts and images, through engine.embed_prompts."""
-        results = [self.engine.embed_prompts(prompts[part], prompt_name=prompt_name, instruction=instruction)
+                       prompt_name: str | None = None, instruction: str | None = None, embd_normalize: int = -1,
+                       dimensions: int | None = None) -> tuple[list[np.ndarray], list[int]]:
+        """Vectors finished by the engine (a multi-vector model's rows as it gives them) and token counts of text
+        prompts and images, through engine.embed_prompts."""
+        results = [self.engine.embed_prompts(prompts[part], prompt_name=prompt_name, instruction=instruction,
+                                             embd_normalize=embd_normalize, dimensions=dimensions)
                    for part in self._chunks(len(prompts), batch_size)]
         return [v for r in results for v in r.vectors], [n for r in results for n in r.n_tokens]
-
-    def _finish(self, raw: Sequence[np.ndarray], p: int, dimensions: int | None) -> np.ndarray:
-        """Keep the first `dimensions` components, then normalize as llama's embd_normalize `p` does."""
-        size = check_dimensions(dimensions, self.info.n_embd)
-        kept = [normalize_embedding(vec[:size], p) for vec in raw]
-        return np.stack(kept).astype(np.float32, copy=False) if kept else np.zeros((0, size), np.float32)
 
     def encode_rows(self, texts: Sequence[str | None], *, normalize: bool | int = True,
                     dimensions: int | None = None, prompt_name: str | None = None, instruction: str | None = None,
@@ -225,9 +225,10 @@ class Encoder(_Loaded):
         n_tokens = [0] * len(texts)
         if self.info.vision_language:  # the family builds each row's prompt itself (engine/multimodal/inputs.py)
             self._one_vector_per_input()
-            found = self._embed_built_rows(texts, present, errors, batch_size, prompt_name, instruction)
+            found = self._embed_built_rows(texts, present, errors, batch_size, prompt_name, instruction, p,
+                                           dimensions)
             for i, (vector, n) in found.items():
-                vectors[i], n_tokens[i] = self._finish([vector], p, dimensions)[0], n
+                vectors[i], n_tokens[i] = vector, n
             return EncodedRows(vectors, errors, n_tokens)
         encoded = self.engine.tokenizer.encode_prompts(self._prompts([texts[i] for i in present], prompt_name,
                                                                      instruction))
@@ -243,20 +244,21 @@ class Encoder(_Loaded):
             else:
                 good.append(i)
         if good:
-            raw, counts = self._embed(token_lists, batch_size)
-            vectors[good] = self._finish(raw, p, dimensions)
+            found, counts = self._embed(token_lists, batch_size, p, dimensions)
+            vectors[good] = _stacked(found, size)
             for i, n in zip(good, counts):
                 n_tokens[i] = n
         return EncodedRows(vectors, errors, n_tokens)
 
     def _embed_built_rows(self, texts: Sequence[str | None], rows: list[int], errors: list[str | None],
-                          batch_size: int | None, prompt_name: str | None,
-                          instruction: str | None) -> dict[int, tuple[np.ndarray, int]]:
-        """Raw vectors and token counts of these rows through the family's input builder, by row; a chunk that
-        fails is retried row by row so that only the bad rows carry an error."""
+                          batch_size: int | None, prompt_name: str | None, instruction: str | None,
+                          embd_normalize: int, dimensions: int | None) -> dict[int, tuple[np.ndarray, int]]:
+        """Finished vectors and token counts of these rows through the family's input builder, by row; a chunk
+        that fails is retried row by row so that only the bad rows carry an error."""
         def run(group: list[int]) -> dict[int, tuple[np.ndarray, int]]:
             result = self.engine.embed_prompts([[texts[i]] for i in group], prompt_name=prompt_name,
-                                               instruction=instruction)
+                                               instruction=instruction, embd_normalize=embd_normalize,
+                                               dimensions=dimensions)
             return dict(zip(group, zip(result.vectors, result.n_tokens)))
 
         found: dict[int, tuple[np.ndarray, int]] = {}
@@ -294,31 +296,35 @@ class Reranker(_Loaded):
     def kind(self) -> str:
         return self.info.kind
 
-    def score(self, query: RerankItem, documents: Sequence[RerankItem], *,
-              instruction: str | None = None) -> tuple[np.ndarray, list[int]]:
+    def score(self, query: RerankItem, documents: Sequence[RerankItem], *, instruction: str | None = None,
+              max_chunks: int | None = None) -> tuple[np.ndarray, list[int]]:
         """(scores in document order, tokens of each pair). The query and the documents are strings, or (rerankers
-        that take images) an ImageInput (its text pieces and encoded images, in order)."""
+        that take images) an ImageInput (its text pieces and encoded images, in order). `max_chunks` (text
+        rerankers; None: the rerank_chunks option, 0: off) splits a document over the model's limit into at most
+        that many overlapping windows and gives it its best window's score (its tokens: every window's)."""
         if not documents:
             raise InvalidInput("documents must not be empty")
         if not all(isinstance(item, (str, ImageInput)) for item in (query, *documents)):
             raise InvalidInput("the query and the documents must be strings (or ImageInput images)")
-        result = self.engine.rerank(query, list(documents), instruction=instruction)
+        result = self.engine.rerank(query, list(documents), instruction=instruction, max_chunks=max_chunks)
         return np.asarray(result.scores, dtype=np.float64), list(result.n_tokens)
 
-    def predict(self, pairs: Sequence[tuple[str, str]], *, instruction: str | None = None) -> np.ndarray:
+    def predict(self, pairs: Sequence[tuple[str, str]], *, instruction: str | None = None,
+                max_chunks: int | None = None) -> np.ndarray:
         """One score per (query, document) pair, in input order; pairs sharing a query are scored together."""
         by_query: dict[str, list[int]] = {}
         for i, (query, _) in enumerate(pairs):
             by_query.setdefault(query, []).append(i)
         scores = np.zeros(len(pairs), np.float64)
         for query, rows in by_query.items():
-            scores[rows] = self.score(query, [pairs[i][1] for i in rows], instruction=instruction)[0]
+            scores[rows] = self.score(query, [pairs[i][1] for i in rows], instruction=instruction,
+                                      max_chunks=max_chunks)[0]
         return scores
 
     def rank(self, query: str, documents: Sequence[str], top_n: int | None = None, *,
-             instruction: str | None = None) -> list[dict[str, Any]]:
+             instruction: str | None = None, max_chunks: int | None = None) -> list[dict[str, Any]]:
         """[{"index", "score"}] by score descending, ties by ascending index, the first top_n (None: all)."""
-        scores, _ = self.score(query, documents, instruction=instruction)
+        scores, _ = self.score(query, documents, instruction=instruction, max_chunks=max_chunks)
         return ranking(scores, top_n)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -326,6 +332,11 @@ class Reranker(_Loaded):
         out = dict(batch)
         out["score"] = self.predict(list(zip(batch["query"], batch["document"])))
         return out
+
+
+def _stacked(vectors: Sequence[np.ndarray], width: int) -> np.ndarray:
+    """Finished vectors as one float32 [n, width] array (an empty call: [0, width])."""
+    return np.stack(vectors).astype(np.float32, copy=False) if vectors else np.zeros((0, width), np.float32)
 
 
 def _image_inputs(images: Sequence[bytes | str | Path]) -> list[ImageInput]:

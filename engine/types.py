@@ -3,7 +3,17 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Union
+from typing import NamedTuple, Union
+
+
+class TokenSpan(NamedTuple):
+    """One token of a text and where it came from (TEI's /tokenize)."""
+
+    id: int
+    text: str  # the text it covers; a special token's own text
+    special: bool
+    start: int | None  # UTF-8 byte offsets in the text; None for a special token
+    stop: int | None
 
 
 class Pooling(str, enum.Enum):
@@ -46,8 +56,10 @@ class EngineOptions:
     max_queue_items: int = 4096  # inputs waiting for the engine thread; more is QueueFull
     threads: int = -1  # BLAS threads; <= 0 leaves the library default
     dtype: str = "auto"  # compute dtype: auto (float32 on a CPU, the checkpoint's on a GPU) | float32 | float16 | bfloat16
+    keep_quantized: bool = False  # MLX-quantized layers keep their bits on a CPU too (memory over speed)
     rerank_sigmoid: bool = False  # cross-encoder scores as sigmoid(logit) instead of the raw logit
     rerank_instruction: str | None = None  # generative rerankers: the server-wide <Instruct> text
+    rerank_chunks: int = 0  # rerankers: most windows an over-long document is split into; 0 = off (refused or cut)
     default_prompt_name: str | None = None  # embedding models: the prompt texts get when a request names none
     image_max_pixels: int = 40_000_000  # an image with more pixels is refused from its header, before decoding
     # dynamic-resolution image processors (Qwen2-VL's): the fewest / most tokens one image becomes; <= 0 = the
@@ -94,6 +106,13 @@ class ModelInfo:
     image_token_bounds: tuple[int, int] | None = None  # dynamic-resolution images: fewest and most tokens of one
     vision_language: bool = False  # text and images interleaved in one input, fed to a decoder (engine/multimodal/inputs.py)
     multi_vector: bool = False  # late interaction: one L2-normalized vector per token, scored by MaxSim
+    # whether the checkpoint's sentence-transformers modules end in Normalize; None when it does not say (GGUF)
+    normalize_module: bool | None = None
+    # how the weights run, chosen at load: "quantized kernels", "dequantized to float32 at load", or the compute
+    # dtype of a float checkpoint; resident_bytes: what they hold in memory (size_bytes, but a GGUF's size_bytes
+    # counts its file as llama.cpp does)
+    weights: str = ""
+    resident_bytes: int = 0
 
     @property
     def is_reranker(self) -> bool:

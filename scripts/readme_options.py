@@ -1,4 +1,4 @@
-"""Print or refresh the option tables of docs/options.md from the one option declaration (compat/settings.py).
+"""Print or refresh the option tables of docs/options.md from the one option declaration (compat/settings/).
 
     .venv/bin/python scripts/readme_options.py              # print the server's table (between the options markers)
     .venv/bin/python scripts/readme_options.py --commands   # print mlx-embed / mlx-rerank's tables (the commands markers)

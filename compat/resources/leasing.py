@@ -8,7 +8,8 @@ from typing import Any
 
 import falcon
 
-from compat.models import Kind
+from compat.catalog import Kind
+from compat.errors import check_client_batch
 from compat.routing import Models, Served
 from compat.wire.inputs import lazy_json_object, parse_model_field
 
@@ -25,3 +26,11 @@ def model_request(req: falcon.Request, models: Models, kind: Kind | None, *,
         yield served, body
     if served.timings is not None:
         req.context.timings = served.timings
+
+
+def check_count(served: Served, n_items: int, what: str, *, n_more: int = 0) -> None:
+    """--max-client-batch-size on a request's `n_items` inputs or documents (`what`), then the engine queue's bound
+    on them and `n_more` other inputs (MaxSim's query): both 413, checked on the raw list before any item is
+    parsed, tokenized or fetched."""
+    check_client_batch(n_items, served.settings.max_client_batch_size, what)
+    served.engine.check_count(n_items + n_more)

@@ -13,13 +13,13 @@ import uuid
 
 import falcon
 
-from compat.errors import bad_request, check_client_batch
-from compat.models import EMBEDDING
-from compat.resources.leasing import model_request
+from compat.catalog import EMBEDDING
+from compat.errors import bad_request
+from compat.resources.leasing import check_count, model_request
 from compat.resources.rerank import fetch_query_documents
 from compat.routing import Models
 from compat.wire.inputs import Prompt
-from compat.wire.rerank import Item, parse_rerank_request, render_rerank_response
+from compat.wire.rerank import Item, count_documents, parse_rerank_request, render_rerank_response
 
 
 class MaxSimResource:
@@ -29,12 +29,11 @@ class MaxSimResource:
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         with model_request(req, self._models, EMBEDDING) as (served, body):
             info = served.engine.info
+            check_count(served, count_documents(body()), "documents", n_more=1)  # the query is an input too
             request = parse_rerank_request(body(), cohere_v2=False, takes_images=info.takes_images)
             if request.instruction is not None:
                 raise bad_request('"instruction" is not used by MaxSim: the model builds its own query and document '
                                   'prompts')
-            check_client_batch(len(request.items), served.settings.max_client_batch_size, "documents")
-            served.engine.check_count(len(request.items) + 1)  # before any image is fetched
             prompts = [_prompt(item) for item in (request.query, *request.items)]
             inputs = fetch_query_documents(prompts, served.settings)
             result = served.engine.maxsim(inputs[0], inputs[1:], truncate=request.truncate,

@@ -5,14 +5,13 @@ import uuid
 
 import falcon
 
-from compat.errors import check_client_batch
+from compat.catalog import RERANK
 from compat.media import with_images
-from compat.models import RERANK
-from compat.resources.leasing import model_request
+from compat.resources.leasing import check_count, model_request
 from compat.routing import Models
 from compat.settings import Settings
 from compat.wire.inputs import Prompt
-from compat.wire.rerank import Item, parse_rerank_request, render_rerank_response
+from compat.wire.rerank import Item, count_documents, parse_rerank_request, render_rerank_response
 from engine.types import ImageInput
 
 
@@ -23,13 +22,13 @@ class RerankResource:
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         with model_request(req, self._models, RERANK) as (served, body):
+            check_count(served, count_documents(body()), "documents")
             request = parse_rerank_request(body(), cohere_v2=self._cohere_v2,
                                            takes_images=served.engine.info.takes_images)
-            check_client_batch(len(request.items), served.settings.max_client_batch_size, "documents")
-            served.engine.check_count(len(request.items))  # before any image is fetched
             query, *documents = fetch_query_documents([request.query, *request.items], served.settings)
             result = served.engine.rerank(query, documents, truncate=request.truncate,
-                                          instruction=request.instruction, timeout_s=served.remaining_s)
+                                          instruction=request.instruction, max_chunks=request.max_chunks,
+                                          timeout_s=served.remaining_s)
             served.record(result)
         resp.media = render_rerank_response(request, result, served.name, response_id=str(uuid.uuid4()))
 

@@ -1,9 +1,14 @@
-"""/embedding, /embeddings and /v1/embeddings bodies (contract §3). Pure: no falcon.
+"""/embedding, /embeddings and /v1/embeddings bodies (docs/llama-server-contract.md §3). Pure: no falcon.
 
-A multi-vector (late-interaction) model answers one [n_tokens, d] list of rows per input on every route: the
-rows the model L2-normalized one by one, image tokens included, padding trimmed; `embd_normalize` does not apply
-to them (as llama's per-token rows with pooling none) and `dimensions` is refused. base64 packs the rows
-row-major as float32.
+The engine finishes the vectors (`dimensions`, then `embd_normalize`, engine/compute/normalize.py); this module
+parses the request and writes them. A multi-vector (late-interaction) model answers one [n_tokens, d] list of
+rows per input on every route: the rows the model L2-normalized one by one, image tokens included, padding
+trimmed; `embd_normalize` does not apply to them (as llama's per-token rows with pooling none) and `dimensions`
+is refused. base64 packs the rows row-major as float32.
+
+Our extension of OpenAI's `encoding_format` (OAI shape only): "int8", "uint8", "binary", "ubinary" answer each
+vector as a list of integer codes, made by engine/compute/quantize.py (the scheme is documented there and in
+docs/routes.md), with `"encoding_format"` echoed in the item as base64 is.
 
 Vectors leave as float64 numpy arrays so orjson (OPT_SERIALIZE_NUMPY) prints each float32 widened to double in
 shortest round-trip form, as llama-server does, without a per-float Python loop; NaN/Inf print as null.
@@ -18,22 +23,21 @@ import numpy as np
 
 from compat.errors import bad_request
 from compat.wire.inputs import Prompt, parse_input_prompts
-from engine import check_dimensions, normalize_embedding
+from engine import QUANTIZED_TYPES, check_dimensions, quantize
 from engine.types import EmbedResult
 
 NO_INPUT = '"input" or "content" must be provided'
-BAD_FORMAT = "The format to return the embeddings in. Can be either float or base64"
+BAD_FORMAT = "The format to return the embeddings in. Can be either float or base64"  # llama's words
+ENCODING_FORMATS = ("float", "base64", *QUANTIZED_TYPES)
 BAD_PROMPT_NAME = '"prompt_name" must be a string naming one of the model\'s prompts'
 BAD_INSTRUCTION = '"instruction" must be a non-empty string'
-MULTI_VECTOR_DIMENSIONS = ('"dimensions" is not supported by a multi-vector model: its token vectors keep their '
-                           '{width} dimensions (the width its MaxSim scores were trained on)')
 
 
 @dataclass(frozen=True)
 class EmbeddingsRequest:
     prompts: list[Prompt]
     oai: bool  # OAI response shape: the /v1 route AND the `input` field (`content` forces llama's shape)
-    encoding_format: str  # "float" | "base64"; only the OAI shape honours base64
+    encoding_format: str  # "float" | "base64" | a QUANTIZED_TYPES code; only the OAI shape honours it
     embd_normalize: int
     truncate: bool | None  # None: the server's --truncate default
     model: str | None  # echoed when the request named one as a string
@@ -57,7 +61,7 @@ def parse_embeddings_request(body: dict[str, Any], *, oai_route: bool, default_n
         raise bad_request(NO_INPUT)
 
     encoding_format = body.get("encoding_format", "float")
-    if not isinstance(encoding_format, str) or encoding_format not in ("float", "base64"):
+    if not isinstance(encoding_format, str) or encoding_format not in ENCODING_FORMATS:
         raise bad_request(BAD_FORMAT)
 
     embd_normalize = body.get("embd_normalize", default_normalize)
@@ -75,9 +79,7 @@ def parse_embeddings_request(body: dict[str, Any], *, oai_route: bool, default_n
     if instruction is not None and (not isinstance(instruction, str) or not instruction):
         raise bad_request(BAD_INSTRUCTION)
     dimensions = body.get("dimensions")
-    if dimensions is not None and multi_vector:
-        raise bad_request(MULTI_VECTOR_DIMENSIONS.format(width=width))
-    check_dimensions(dimensions, width)
+    check_dimensions(dimensions, width, multi_vector)
 
     model = body.get("model")
     return EmbeddingsRequest(prompts=prompts, oai=oai, encoding_format=encoding_format,
@@ -86,34 +88,28 @@ def parse_embeddings_request(body: dict[str, Any], *, oai_route: bool, default_n
                              prompt_name=prompt_name, instruction=instruction, dimensions=dimensions)
 
 
-def _kept(vector: np.ndarray, dimensions: int | None) -> np.ndarray:
-    """The first `dimensions` components (of each per-token row with pooling none)."""
-    return vector if dimensions is None else vector[..., :dimensions]
-
-
-def _rows(vector: np.ndarray, embd_normalize: int) -> np.ndarray:
-    """llama's non-OAI `embedding`: pooled -> [[normalized vector]]; pooling none -> raw per-token rows."""
+def _rows(vector: np.ndarray) -> np.ndarray:
+    """llama's non-OAI `embedding`: pooled -> [[vector]]; pooling none -> its per-token rows."""
     if vector.ndim == 1:
-        return normalize_embedding(vector, embd_normalize).astype(np.float64)[np.newaxis, :]
-    return np.asarray(vector, dtype=np.float64)  # pooling none: normalization is ignored, as in llama
+        return vector.astype(np.float64)[np.newaxis, :]
+    return np.asarray(vector, dtype=np.float64)
 
 
 def _oai_item(vector: np.ndarray, index: int, request: EmbeddingsRequest) -> dict[str, Any]:
-    # a multi-vector model's rows come normalized by the model, one by one
-    normalized = vector if vector.ndim == 2 else normalize_embedding(_kept(vector, request.dimensions),
-                                                                     request.embd_normalize)
     if request.encoding_format == "base64":
-        raw = np.asarray(normalized, dtype="<f4").tobytes()
+        raw = np.asarray(vector, dtype="<f4").tobytes()
         return {"embedding": base64.b64encode(raw).decode("ascii"), "index": index, "object": "embedding",
                 "encoding_format": "base64"}
-    return {"embedding": normalized.astype(np.float64), "index": index, "object": "embedding"}
+    if request.encoding_format in QUANTIZED_TYPES:
+        return {"embedding": quantize(vector, request.encoding_format), "index": index, "object": "embedding",
+                "encoding_format": request.encoding_format}
+    return {"embedding": vector.astype(np.float64), "index": index, "object": "embedding"}
 
 
 def render_embeddings_response(request: EmbeddingsRequest, result: EmbedResult,
                                model_name: str) -> list[dict[str, Any]] | dict[str, Any]:
     if not request.oai:
-        return [{"index": i, "embedding": _rows(_kept(vector, request.dimensions), request.embd_normalize)}
-                for i, vector in enumerate(result.vectors)]
+        return [{"index": i, "embedding": _rows(vector)} for i, vector in enumerate(result.vectors)]
     n_tokens = sum(result.n_tokens)
     return {"model": request.model if request.model is not None else model_name,
             "object": "list",

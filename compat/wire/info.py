@@ -1,16 +1,17 @@
-"""/health, /props, /models and /slots bodies (contract §6), keys in llama-server's order. Pure: no falcon."""
+"""/health, /props, /models and /slots bodies (docs/llama-server-contract.md §6), keys in llama-server's order; router mode's own /models
+and /props are compat/wire/router.py's. Pure: no falcon."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
 from compat.wire.inputs import MEDIA_MARKER
-from engine.types import ModelInfo
+from engine.types import ModelInfo, Pooling
 
 if TYPE_CHECKING:
     from compat.settings import Settings
 
 # llama's task_params::to_json(true) with common_params_sampling's defaults (float32 values widened to double,
-# as llama prints them). None of them affects embeddings; clients read /props for its shape.
+# as llama prints them), the seed being --seed's. None of them affects embeddings; clients read /props for its shape.
 _SAMPLING_DEFAULTS: dict[str, Any] = {
     "seed": 4294967295, "temperature": 0.800000011920929, "dynatemp_range": 0.0, "dynatemp_exponent": 1.0,
     "top_k": 40, "top_p": 0.949999988079071, "min_p": 0.05000000074505806, "top_n_sigma": -1.0,
@@ -36,7 +37,8 @@ def render_props_response(settings: Settings, info: ModelInfo, version: str,
     """model_name: the model's id on a several-model server (else llama's name from the settings)."""
     # chat_template_caps is left out (no chat template), media_marker too unless the model takes images
     return {
-        "default_generation_settings": {"params": dict(_SAMPLING_DEFAULTS), "n_ctx": info.slot_ctx},
+        "default_generation_settings": {"params": {**_SAMPLING_DEFAULTS, "seed": settings.seed},
+                                        "n_ctx": info.slot_ctx},
         "total_slots": info.n_slots,
         "model_alias": model_name or settings.model_name,
         "model_ftype": info.ftype,
@@ -55,6 +57,8 @@ def render_props_response(settings: Settings, info: ModelInfo, version: str,
         "cors_proxy_enabled": False,
         # ours, after llama's keys: the family serving the model and the shapes fitted at startup
         "family": info.family,
+        "weights": info.weights,  # "quantized kernels", "dequantized to float32 at load", or the dtype
+        "resident_bytes": info.resident_bytes,
         "max_seq": info.max_input_tokens,
         "rows": info.batch_rows,
         "batch_tokens": info.batch_tokens,
@@ -65,10 +69,12 @@ def render_props_response(settings: Settings, info: ModelInfo, version: str,
     }
 
 
-def render_models_response(settings: Settings, info: ModelInfo, capabilities: list[str],
-                           created: int) -> dict[str, Any]:
-    """Ollama's `models` list first, then the OpenAI list (§6.3); `created` is the time of this request."""
+def render_models_response(settings: Settings, info: ModelInfo, created: int) -> dict[str, Any]:
+    """The single-model /models: Ollama's `models` list first, then the OpenAI list (§6.3); `created` is the time
+    of this request."""
     name = settings.model_name
+    # the engine refuses to load an embedder in rank mode and a reranker outside it, so this names the model
+    capabilities = ["rerank"] if settings.pooling is Pooling.RANK else ["embedding"]
     return {
         "models": [{
             "name": name, "model": name, "modified_at": "", "size": "", "digest": "", "type": "model",
@@ -96,7 +102,8 @@ def render_model_meta(info: ModelInfo) -> dict[str, Any]:
     """/v1/models `meta` of a loaded model."""
     return {"vocab_type": int(info.vocab_type), "n_vocab": info.n_vocab, "n_ctx": info.slot_ctx,
             "n_ctx_train": info.n_ctx_train, "n_embd": info.n_embd, "n_params": info.n_params,
-            "size": info.size_bytes, "ftype": info.ftype, **request_capabilities(info, prompt_texts=False)}
+            "size": info.size_bytes, "ftype": info.ftype, "weights": info.weights,
+            "resident_bytes": info.resident_bytes, **request_capabilities(info, prompt_texts=False)}
 
 
 def request_capabilities(info: ModelInfo, *, prompt_texts: bool) -> dict[str, Any]:

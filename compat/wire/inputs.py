@@ -1,4 +1,4 @@
-"""llama-server's input forms (contract §3.2) and OpenAI content parts -> prompts. Pure: no falcon, no engine.
+"""llama-server's input forms (docs/llama-server-contract.md §3.2) and OpenAI content parts -> prompts. Pure: no falcon, no engine.
 
 A prompt is a list of parts: a str is text to tokenize, an int is a raw token id, a MediaRef is an image
 (fetched and checked by the resource, decoded by the engine). The engine applies llama's mixed-prompt rule
@@ -15,7 +15,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Union
 
-import numpy as np
 import orjson
 
 from compat.errors import bad_request
@@ -44,39 +43,64 @@ MAX_JSON_DEPTH = 32  # our deepest request is 5 levels ({"input": [[{"image_url"
 TOO_DEEP = f"The request body nests JSON arrays and objects more than {MAX_JSON_DEPTH} levels deep"
 
 
+def _orjson_depth_limit(cap: int = 1 << 16) -> int:
+    """The deepest nesting orjson parses (1024 in orjson 3.x), found by bisection once at import."""
+    def parses(depth: int) -> bool:
+        try:
+            orjson.loads(b"[" * depth + b"]" * depth)
+        except orjson.JSONDecodeError:
+            return False
+        return True
+
+    low, high = 1, cap  # parses(low) holds; parses(high) must not
+    if parses(high):
+        raise RuntimeError(f"orjson parses {cap} levels of nesting: compat/wire/inputs.py counts on its depth limit "
+                           f"to bound requests at {MAX_JSON_DEPTH}")
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if parses(middle) else (low, middle)
+    return low
+
+
+# The body is parsed inside this many one-element arrays, so orjson's own depth limit stops exactly the bodies
+# that nest more than MAX_JSON_DEPTH levels, at the cost of copying the body once (no walk, no scan).
+_WRAP = _orjson_depth_limit() - MAX_JSON_DEPTH
+_OPEN, _CLOSE = b"[" * _WRAP, b"]" * _WRAP
+
+
+def _unwrapped(wrapped: Any) -> tuple[bool, Any]:
+    """(True, the body) when `wrapped` is the chain of _WRAP one-element arrays around it; a body that is not
+    JSON alone can still parse once wrapped (`1, 2` or `] [`), and then the chain is broken."""
+    value = wrapped
+    for _ in range(_WRAP):
+        if type(value) is not list or len(value) != 1:
+            return False, None
+        value = value[0]
+    return True, value
+
+
 def parse_json_object(raw: bytes) -> dict[str, Any]:
     """A request body as a JSON object; the parser's own message on failure (llama: 500, here 400, §13).
 
-    The body's size is bounded before this (--payload-limit); its nesting is bounded here."""
+    The body's size is bounded before this (--payload-limit); its nesting is bounded here, by orjson: the body
+    is parsed wrapped in _WRAP arrays, which leaves it MAX_JSON_DEPTH levels below orjson's limit. Anything
+    unusual (a parse error, a broken chain) is parsed again alone, so the answer is what parsing the body alone
+    says: its own error, "not an object", or too deep."""
+    text = raw.encode() if isinstance(raw, str) else raw
     try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise bad_request(str(exc)) from None
+        whole, body = _unwrapped(orjson.loads(_OPEN + text + _CLOSE))
+    except orjson.JSONDecodeError:
+        whole, body = False, None
+    if not whole:
+        try:
+            body = orjson.loads(text)
+        except orjson.JSONDecodeError as exc:
+            raise bad_request(str(exc)) from None
     if not isinstance(body, dict):
         raise bad_request("The request body must be a JSON object")
-    if json_depth(raw) > MAX_JSON_DEPTH:
+    if not whole:  # valid alone, refused wrapped: deeper than MAX_JSON_DEPTH
         raise bad_request(TOO_DEEP)
     return body
-
-
-_NOT_STRUCTURE = bytes(range(256)).translate(None, b'"[]{}')  # translate() deletes these: all but quotes, brackets
-_STEP = np.zeros(256, np.int8)  # what a byte does to the nesting level
-_STEP[list(b"[{")], _STEP[list(b"]}")] = 1, -1
-
-
-def json_depth(raw: bytes | str) -> int:
-    """Levels of arrays/objects in a valid JSON text (a scalar is 0), read off its bytes in a few C-speed passes:
-    walking the parsed value costs a Python step per element, tens of ms on a megabyte of token ids.
-
-    Escaped backslashes, then escaped quotes, are dropped, so every quote left opens or closes a string; of the
-    quotes and brackets that remain, brackets after an even number of quotes are the structure."""
-    text = raw.encode() if isinstance(raw, str) else raw
-    if b'\\"' in text:  # an escaped quote (or an escaped backslash before a closing one); else quotes are all real
-        text = text.replace(b"\\\\", b"").replace(b'\\"', b"")
-    marks = np.frombuffer(text.translate(None, _NOT_STRUCTURE), np.uint8)
-    steps = _STEP[marks]
-    steps[np.bitwise_xor.accumulate(marks == ord('"'))] = 0  # inside a string: after an odd number of quotes
-    return int(np.cumsum(steps, dtype=np.int32).max(initial=0))
 
 
 def is_token(value: Any) -> bool:
@@ -183,6 +207,15 @@ def parse_input_prompts(value: Any, takes_images: bool = False) -> list[Prompt]:
     if isinstance(value, (str, dict)):
         return [_subprompt(value, takes_images)]
     raise bad_request(BAD_ELEMENTS)
+
+
+def count_prompts(value: Any) -> int:
+    """How many prompts parse_input_prompts(value) gives, read off the raw value without parsing any (so a
+    request over the count limits is refused before its inputs are read): a list's length, one for a list
+    holding a token id (one mixed prompt) and for anything else (one prompt, or an error later)."""
+    if isinstance(value, list) and not any(is_token(part) for part in value):
+        return len(value)
+    return 1
 
 
 def lazy_json_object(read: Callable[[], bytes]) -> Callable[[], dict[str, Any]]:

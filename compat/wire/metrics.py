@@ -1,4 +1,4 @@
-"""The Prometheus text of /metrics (contract §6.5): every `llamacpp:` metric, in llama-server's order, then on a
+"""The Prometheus text of /metrics (docs/llama-server-contract.md §6.5): every `llamacpp:` metric, in llama-server's order, then on a
 several-model server the `mlx_embed:` metrics of each model, labelled by its id. Pure."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""/rerank, /reranking, /v1/rerank, /v1/reranking and /v2/rerank bodies (contract §4). Pure: no falcon.
+"""/rerank, /reranking, /v1/rerank, /v1/reranking and /v2/rerank bodies (docs/llama-server-contract.md §4). Pure: no falcon.
 
 Score contract, the same on every route and in every shape (`relevance_score`, TEI's `score`):
 - cross-encoders: the raw classifier logit, unbounded, as llama-server reports it; with --rerank-sigmoid the
@@ -25,7 +25,7 @@ its text follows it, as the reference rerankers format an item. Any other rerank
 message). `return_documents` echoes a string as {"text": ...} and anything else as the request sent it (an
 image's data: URL or base64 included); TEI's `return_text` gives an item's text parts ("" for an image alone). Results are sorted by score descending, ties by ascending index (llama
 leaves ties unspecified), then cut to `top_n` (absent or null: all). `usage` counts the tokens of every
-scored pair, returned or not. Client faults llama answers with 500 (negative `top_n`, bad JSON) are 400.
+scored pair, returned or not (every window of a document split by `max_chunks_per_doc`). Client faults llama answers with 500 (negative `top_n`, bad JSON) are 400.
 """
 from __future__ import annotations
 
@@ -46,6 +46,7 @@ BAD_IMAGE_FIELD = '"{key}" must be an image URL (data:, file://, http(s)://) or 
 BAD_TOP_N = '"top_n" must be a non-negative integer'
 BAD_RANK_FIELDS = '"rank_fields" is not supported: send each document as a string or as {"text": ...}'
 BAD_INSTRUCTION = '"instruction" must be a string'
+BAD_MAX_CHUNKS = '"max_chunks_per_doc" must be a positive integer'
 
 Shape = Literal["jina", "tei", "cohere-v2"]
 Document = Union[str, dict[str, Any], list[Any]]
@@ -55,9 +56,10 @@ Item = Union[str, Prompt]
 # Cohere / TEI fields accepted and ignored (no lookup reads them):
 # - priority (Cohere v2, a scheduling hint), relevant_spans (Cohere v2; spans are optional in its answers) and
 #   raw_scores (TEI; llama ignores it too: scores follow --rerank-sigmoid) cannot change scores or order;
-# - max_chunks_per_doc (Cohere v1), max_tokens_per_doc (Cohere v2) and truncation_direction (TEI) govern long
-#   documents, which are never chunked here: a pair over the model's limit is refused, or cut on the right
-#   when `truncate` is on (the default on /v2/rerank).
+# - max_tokens_per_doc (Cohere v2) and truncation_direction (TEI) govern long documents: a pair over the model's
+#   limit is refused, or cut on the right when `truncate` is on (the default on /v2/rerank).
+# max_chunks_per_doc (Cohere's field) is read on every route: a document over the limit is split into at most
+# that many overlapping windows, its score the best window's (--rerank-chunks gives the default; 0 = off).
 # rank_fields (Cohere v1) would change what is scored: only its no-op values are accepted.
 
 
@@ -72,6 +74,7 @@ class RerankRequest:
     return_text: bool  # TEI shape: each result gets its `text`
     truncate: bool | None  # None: the server's --truncate
     instruction: str | None  # generative rerankers: overrides --rerank-instruction
+    max_chunks: int | None  # max_chunks_per_doc; None: the server's --rerank-chunks
     model: str | None  # echoed when the request named one as a string
 
 
@@ -140,6 +143,19 @@ def _top_n(value: Any, n_documents: int) -> int | None:
     return min(value, n_documents)
 
 
+def _documents(body: dict[str, Any]) -> Any:
+    """`documents` wins over `texts`; a null `documents` falls back to `texts`, as llama's json_value does."""
+    documents = body.get("documents")
+    return body.get("texts") if documents is None else documents
+
+
+def count_documents(body: dict[str, Any]) -> int:
+    """How many documents the request has, read off the raw list without parsing any (0: no list, which
+    parse_rerank_request refuses)."""
+    documents = _documents(body)
+    return len(documents) if isinstance(documents, list) else 0
+
+
 def parse_rerank_request(body: dict[str, Any], *, cohere_v2: bool, takes_images: bool = False) -> RerankRequest:
     """llama's checks in its order (§4.1 steps 3-6), then the fields it does not read.
 
@@ -152,10 +168,7 @@ def parse_rerank_request(body: dict[str, Any], *, cohere_v2: bool, takes_images:
     if query is None:
         raise bad_request(QUERY_NOT_STRING)
 
-    # `documents` wins over `texts`; a null `documents` falls back to `texts`, as llama's json_value does
-    documents = body.get("documents")
-    if documents is None:
-        documents = body.get("texts")
+    documents = _documents(body)
     if not isinstance(documents, list) or not documents:
         raise bad_request(BAD_DOCUMENTS)
     items = [_item(document, f"document {i}", takes_images) for i, document in enumerate(documents)]
@@ -170,13 +183,16 @@ def parse_rerank_request(body: dict[str, Any], *, cohere_v2: bool, takes_images:
     instruction = body.get("instruction")
     if instruction is not None and not isinstance(instruction, str):
         raise bad_request(BAD_INSTRUCTION)
+    max_chunks = body.get("max_chunks_per_doc")
+    if max_chunks is not None and (not isinstance(max_chunks, int) or isinstance(max_chunks, bool) or max_chunks < 1):
+        raise bad_request(BAD_MAX_CHUNKS)
     model = body.get("model")
     return RerankRequest(
         query=query, documents=documents, items=items, shape=shape, top_n=top_n,
         return_documents=bool(_flag(body, "return_documents", False)),
         return_text=bool(_flag(body, "return_text", False)),
         truncate=_flag(body, "truncate", True if cohere_v2 else None),
-        instruction=instruction, model=model if isinstance(model, str) else None)
+        instruction=instruction, max_chunks=max_chunks, model=model if isinstance(model, str) else None)
 
 
 def ranked_indices(scores: Sequence[float], top_n: int | None) -> list[int]:

@@ -1,4 +1,4 @@
-"""/tokenize and /detokenize bodies (contract §5). Pure: no falcon."""
+"""/tokenize and /detokenize bodies (docs/llama-server-contract.md §5). Pure: no falcon."""
 from __future__ import annotations
 
 from collections.abc import Sequence

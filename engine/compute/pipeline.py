@@ -46,7 +46,7 @@ class EmbeddingPipeline(Pipeline):
         self.model = model
         self.pooling = pooling
         self.projection = projection
-        self.pools_itself = bool(getattr(model, "pools_itself", False))  # the family's own head gives [B, D]
+        self.pools_itself = model.pools_itself  # the family's own head gives [B, D] (engine/families/base.py Trunk)
         # last-token pooling reads one position per row: a family that can computes its last layer there only
         self.last_rows_only = pooling is Pooling.LAST and bool(getattr(model, "computes_needed_rows", False))
 

@@ -23,8 +23,3 @@ def pool(hidden: mx.array, mask: mx.array, mode: Pooling) -> mx.array:
     if mode is Pooling.MAX:
         return mx.where((mask != 0)[..., None], hidden, -mx.inf).max(axis=1)
     raise UnsupportedCheckpoint(f"pooling {mode.value!r} does not produce one vector per input")
-
-
-def resolve(flag: Pooling | None, checkpoint_pooling: Pooling | None, family_default: Pooling) -> Pooling:
-    """--pooling overrides 1_Pooling/config.json, which overrides the family default."""
-    return flag or checkpoint_pooling or family_default

@@ -27,9 +27,17 @@ class BaseModelArgs:
 
 
 class Trunk(nn.Module):
-    """A family's token ids -> hidden states module; what the engine reads off it comes from its args."""
+    """A family's token ids -> hidden states module. What the engine reads off it: its width and position
+    capacity (from its args, unless the family says otherwise), and what it declares below; the defaults are a
+    plain text trunk's, and a family overrides what differs (as class attributes or properties)."""
 
     args: BaseModelArgs
+    multi_vector: bool = False  # one L2-normalized vector per token (late interaction), projected by the family
+    projection_prefix: str | None = None  # a multi-vector family: where a 1_Dense folder's projection goes
+    pools_itself: bool = False  # its own heads give one vector per input: the engine's pooling does not apply
+    fixed_width: int | None = None  # every row padded to this many tokens (a family trained on one width)
+    image_size: int | None = None  # the square image side its vision tower takes; None: no tower (text only)
+    image_tokens: int = 0  # what one image counts as in usage and batch budgets (its patches)
 
     @property
     def hidden_size(self) -> int:
@@ -51,17 +59,36 @@ def softmax(scores: mx.array) -> mx.array:
     return kernels.active().softmax(scores)
 
 
-def attention(q: mx.array, k: mx.array, v: mx.array, mask: Mask | mx.array, scale: float | None = None) -> mx.array:
+def attention(q: mx.array, k: mx.array, v: mx.array, mask: Mask | mx.array, scale: float | None = None,
+              bias: mx.array | None = None) -> mx.array:
     """q as [B, H, Lq, Dh], k and v as [B, Hkv, L, Dh] (Hkv divides H: grouped-query attention), and a Mask
     (sequence_mask, padding_mask; .at() for some queries only) or a boolean array [B, 1, Lq or 1, L] (True =
-    attend); returns [B, Lq, H * Dh]. scale defaults to 1/sqrt(Dh).
+    attend); returns [B, Lq, H * Dh]. scale defaults to 1/sqrt(Dh). bias: added to the scaled scores, [1 or B,
+    H, L, L] (relative position biases: MPNet, T5; not with grouped heads), which makes the pass dense.
 
     Computed by the active kernels (engine/families/kernels.py): on a CPU, a matmul + arithmetic softmax +
     matmul for short inputs and blockwise with an online softmax for long ones (memory linear in the length);
     on a GPU, mx.fast.scaled_dot_product_attention. A row with every key masked stays finite on the CPU set;
     sequence_mask never makes one. Grouped heads broadcast over the shared keys instead of copying them.
     """
-    return kernels.active().attention(q, k, v, mask, scale if scale is not None else 1.0 / math.sqrt(q.shape[-1]))
+    return kernels.active().attention(q, k, v, mask, scale if scale is not None else 1.0 / math.sqrt(q.shape[-1]),
+                                      bias)
+
+
+def relative_position_buckets(length: int, num_buckets: int, max_distance: int) -> np.ndarray:
+    """T5's bidirectional bucket of every (query, key) pair of a length-L input, [L, L] int32: half the buckets
+    for keys after the query, exact offsets below num_buckets // 4, then log-spaced up to max_distance, then the
+    last bucket (MPNet computes the same). The logarithm is taken in float32 as transformers takes it, so an
+    offset on a bucket edge falls on the same side."""
+    offsets = np.arange(-(length - 1), length)  # k - q
+    half = num_buckets // 2
+    exact = half // 2
+    distance = np.abs(offsets)
+    scaled = np.log(np.maximum(distance, 1).astype(np.float32) / exact) / np.float32(math.log(max_distance / exact))
+    large = np.minimum(exact + (scaled * (half - exact)).astype(np.int64), half - 1)
+    table = (offsets > 0) * half + np.where(distance < exact, distance, large)
+    rel = np.arange(length)[None, :] - np.arange(length)[:, None] + (length - 1)
+    return table[rel].astype(np.int32)
 
 
 def split_heads(x: mx.array, n_heads: int) -> mx.array:
@@ -128,7 +155,7 @@ def token_positions(attention_mask: mx.array) -> mx.array:
     return mx.maximum(mx.cumsum((attention_mask != 0).astype(mx.int32), axis=1) - 1, 0)
 
 
-_ROPE_TYPES = ("default", "linear", "llama3")
+_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
 def rope_settings(family: str, rope_parameters: dict[str, Any] | None, rope_scaling: dict[str, Any] | None,
@@ -144,7 +171,48 @@ def rope_settings(family: str, rope_parameters: dict[str, Any] | None, rope_scal
         raise UnsupportedCheckpoint(f"{family} partial_rotary_factor {params['partial_rotary_factor']} is not supported")
     params["rope_type"] = kind
     params["rope_theta"] = float(params.get("rope_theta") or rope_theta or default_theta)
+    if kind == "yarn":
+        _check_yarn(family, params)
     return params
+
+
+def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def _check_yarn(family: str, rope: dict[str, Any]) -> None:
+    """YaRN's frequencies are computed here; its attention factor (cos and sin scaled) is not, so only the
+    settings where it is 1 are served (Ministral 3's: mscale = mscale_all_dim)."""
+    if not rope.get("factor") or not rope.get("original_max_position_embeddings"):
+        raise UnsupportedCheckpoint(f"{family} yarn rope needs factor and original_max_position_embeddings")
+    factor, mscale, mscale_all_dim = rope["factor"], rope.get("mscale"), rope.get("mscale_all_dim")
+    attention_factor = rope.get("attention_factor")
+    if attention_factor is None:
+        attention_factor = (_yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all_dim)
+                            if mscale and mscale_all_dim else _yarn_mscale(factor))
+    if abs(attention_factor - 1.0) > 1e-12:
+        raise UnsupportedCheckpoint(f"{family} yarn rope with attention factor {attention_factor:.6g} is not "
+                                    f"supported (only 1: mscale equal to mscale_all_dim)")
+
+
+def _yarn_inverse_frequencies(head_dim: int, rope: dict[str, Any], inv_freq: mx.array) -> mx.array:
+    """transformers' _compute_yarn_parameters: the fast bands kept, the slow ones divided by factor, a linear
+    ramp between the dimensions that turn beta_fast and beta_slow times over the original context."""
+    base, factor = rope["rope_theta"], rope["factor"]
+    old_len = rope["original_max_position_embeddings"]
+
+    def dim_of(rotations: float) -> float:
+        return head_dim * math.log(old_len / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = dim_of(rope.get("beta_fast") or 32), dim_of(rope.get("beta_slow") or 1)
+    if rope.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = mx.clip((mx.arange(head_dim // 2).astype(mx.float32) - low) / (high - low), 0, 1)
+    keep = 1 - ramp  # the share of the original (extrapolated) frequency
+    return inv_freq / factor * (1 - keep) + inv_freq * keep
 
 
 def rope_inverse_frequencies(head_dim: int, rope: dict[str, Any]) -> mx.array:
@@ -161,6 +229,8 @@ def rope_inverse_frequencies(head_dim: int, rope: dict[str, Any]) -> mx.array:
         smoothed = (1 - smooth) * scaled / factor + smooth * scaled
         medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
         return mx.where(medium, smoothed, scaled)
+    if rope["rope_type"] == "yarn":
+        return _yarn_inverse_frequencies(head_dim, rope, inv_freq)
     return inv_freq
 
 

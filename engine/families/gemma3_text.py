@@ -144,7 +144,7 @@ class TransformerBlock(nn.Module):
         self.post_feedforward_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
 
     def __call__(self, x: mx.array, mask: Mask, rope: Rotary, rows: mx.array | None = None) -> mx.array:
-        attended = self.self_attn(self.input_layernorm(x), mask, rope, rows)
+        attended = self.self_attn(self.input_layernorm(x), mask, rope, rows=rows)
         h = (x if rows is None else take_rows(x, rows)) + self.post_attention_layernorm(attended)
         return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
 

@@ -231,12 +231,15 @@ def _merge_heads(out: mx.array, b: int, h: int, length: int, dh: int) -> mx.arra
     return out.reshape(b, h, length, dh).transpose(0, 2, 1, 3).reshape(b, length, h * dh)
 
 
-def _dense_attention(q: mx.array, k: mx.array, v: mx.array, mask: mx.array, scale: float) -> mx.array:
+def _dense_attention(q: mx.array, k: mx.array, v: mx.array, mask: mx.array, scale: float,
+                     bias: mx.array | None = None) -> mx.array:
     b, h, length, dh = q.shape
     if h != k.shape[1]:
         q, k, v, _ = _grouped(q, k, v)
         mask = mask[:, :, None]
     scores = (q * scale) @ k.swapaxes(-1, -2)
+    if bias is not None:
+        scores = scores + bias
     return _merge_heads(_softmax_arithmetic(mx.where(mask, scores, -1e30)) @ v, b, h, length, dh)
 
 
@@ -361,13 +364,14 @@ def _blockwise(q: mx.array, k: mx.array, v: mx.array, mask: Mask, scale: float) 
     return _merge_heads(out[..., :length, :], b, h, length, dh)
 
 
-def _attention_arithmetic(q: mx.array, k: mx.array, v: mx.array, mask: Mask | mx.array,
-                          scale: float) -> mx.array:
+def _attention_arithmetic(q: mx.array, k: mx.array, v: mx.array, mask: Mask | mx.array, scale: float,
+                          bias: mx.array | None = None) -> mx.array:
+    """Blockwise from BLOCKWISE_FROM query rows on; dense below, and for a dense mask or a bias [L, L] given."""
     if isinstance(mask, Mask):
-        if mask.queries is None and q.shape[2] >= BLOCKWISE_FROM:
+        if mask.queries is None and bias is None and q.shape[2] >= BLOCKWISE_FROM:
             return _blockwise(q, k, v, mask, scale)
         mask = mask.dense()
-    return _dense_attention(q, k, v, mask, scale)
+    return _dense_attention(q, k, v, mask, scale, bias)
 
 
 # -- fused (GPU) -------------------------------------------------------------------------------------------
@@ -375,12 +379,17 @@ def _attention_arithmetic(q: mx.array, k: mx.array, v: mx.array, mask: Mask | mx
 FUSED_BLOCK_ROWS = 1024  # query rows per call when a window or padding needs a mask matrix on a long input
 
 
-def _attention_fused(q: mx.array, k: mx.array, v: mx.array, mask: Mask | mx.array, scale: float) -> mx.array:
+def _attention_fused(q: mx.array, k: mx.array, v: mx.array, mask: Mask | mx.array, scale: float,
+                     bias: mx.array | None = None) -> mx.array:
     """mx.fast.scaled_dot_product_attention: "causal" or a key mask [B, 1, 1, L] when that is all the mask
     says (memory linear in the length); a mask matrix otherwise, one band of query rows at a time on a long
-    input (memory linear too)."""
+    input (memory linear too). A bias joins the mask as one additive matrix."""
     b, h, length, dh = q.shape
     sdpa = mx.fast.scaled_dot_product_attention
+    if bias is not None:
+        allowed = mask.dense() if isinstance(mask, Mask) else mask
+        additive = mx.where(allowed, bias.astype(q.dtype), mx.array(-1e30, dtype=q.dtype))
+        return _merge_heads(sdpa(q, k, v, scale=scale, mask=additive), b, h, length, dh)
     if not isinstance(mask, Mask):
         return _merge_heads(sdpa(q, k, v, scale=scale, mask=mask), b, h, length, dh)
     if mask.queries is None and not mask.diagonal and not mask.structured:
@@ -407,7 +416,7 @@ def _attention_fused(q: mx.array, k: mx.array, v: mx.array, mask: Mask | mx.arra
 @dataclass(frozen=True)
 class Kernels:
     name: str  # what /props and the load log show
-    attention: Callable[[mx.array, mx.array, mx.array, Mask | mx.array, float], mx.array]
+    attention: Callable[..., mx.array]  # (q, k, v, mask, scale, bias=None) -> [B, Lq, H * Dh]
     softmax: Callable[[mx.array], mx.array]
     gelu_erf: Callable[[mx.array], mx.array]
     fused_rope: bool  # rotary embeddings by mx.fast.rope (else cos / sin tables)

@@ -1,12 +1,21 @@
-"""LFM2 decoder (Lfm2ForCausalLM / Lfm2Model) with --embedding: causal short-convolution and attention layers.
+"""LFM2 (Lfm2ForCausalLM / Lfm2Model) with --embedding, and its bidirectional encoder (Lfm2BidirectionalModel:
+LFM2.5-Embedding, and the LFM2 / LFM2.5 ColBERT late-interaction retrievers).
 
-A conv layer gates a depthwise causal convolution (kernel conv_L_cache over the past tokens): in_proj makes
-B, C and x; C * conv(B * x) goes through out_proj; padding positions are zeroed before it, as transformers
-does. Attention layers are Llama's with RMSNorm on each head's query and key (q_layernorm / k_layernorm) and
-an `out_proj` (llama's attention, keys renamed by sanitize). Every layer is pre-norm (operator_norm, ffn_norm) with a SwiGLU feed_forward (w1, w3, w2);
-`embedding_norm` is the final norm. Rows arrive right-padded, so a real token never sees padding through
-either the mask or the causal convolution. The bidirectional LFM2.5-Embedding variant (a non-causal
-convolution) has no transformers reference here and is refused.
+A conv layer gates a depthwise convolution of kernel conv_L_cache: in_proj makes B, C and x; C * conv(B * x)
+goes through out_proj; padding positions are zeroed before it, as transformers does. Attention layers are
+Llama's with RMSNorm on each head's query and key (q_layernorm / k_layernorm) and an `out_proj` (llama's
+attention, keys renamed by sanitize). Every layer is pre-norm (operator_norm, ffn_norm) with a SwiGLU
+feed_forward (w1, w3, w2); `embedding_norm` is the final norm.
+
+The causal model's convolution reads the past (L_cache - 1 zeros before the row). The bidirectional one
+(architectures Lfm2BidirectionalModel, model_type lfm2_bidirectional, or is_causal: false) is centered, as
+transformers' Lfm2BidirectionalShortConv: L_cache // 2 zeros before the row and the rest after, so with
+L_cache 3 position t mixes t - 1, t and t + 1; its attention has no causal mask. Padding is zeroed at the
+convolution's input and again at B * x (where a conv bias would otherwise make it non-zero), so a padded
+row equals the row alone: a padded position reads like the zeros past the end of a row.
+
+ColBERT (late interaction): the same backbone, then the checkpoint's 1_Dense projection applied to every
+token and each token vector L2-normalized (pylate's ColBERT); one vector per real token, scored with MaxSim.
 """
 from __future__ import annotations
 
@@ -18,10 +27,11 @@ import mlx.nn as nn
 
 from engine.errors import UnsupportedCheckpoint
 from engine.families import llama
-from engine.families.base import (BaseModelArgs, Mask, Rotary, checked_layer_types, is_bidirectional, rope_settings,
-                                   take_rows)
+from engine.families.base import (BaseModelArgs, Mask, Rotary, checked_layer_types, is_bidirectional, l2_normalize,
+                                   rope_settings, take_rows)
 
 CONV, FULL = "conv", "full_attention"
+BIDIRECTIONAL_TYPE = "lfm2_bidirectional"  # transformers' model_type of Lfm2BidirectionalModel
 
 
 @dataclass
@@ -48,16 +58,16 @@ class ModelArgs(BaseModelArgs):
     model_type: str = "lfm2"
     is_causal: bool | None = None
     use_bidirectional_attention: bool | None = None
+    architectures: list[str] | None = None
     head_dim: int = field(init=False)
     ff_dim: int = field(init=False)
     rope: dict[str, Any] = field(init=False)
-
-    causal = True
+    causal: bool = field(init=False)
 
     def __post_init__(self):
-        if is_bidirectional(self.model_type, self.is_causal, self.use_bidirectional_attention):
-            raise UnsupportedCheckpoint("bidirectional LFM2 (a non-causal convolution) is not supported; "
-                                        "causal LFM2 checkpoints are")
+        self.causal = not (is_bidirectional(self.model_type, self.is_causal, self.use_bidirectional_attention)
+                           or self.model_type == BIDIRECTIONAL_TYPE
+                           or (self.architectures or [""])[0].startswith("Lfm2Bidirectional"))
         self.num_key_value_heads = self.num_key_value_heads or self.num_attention_heads
         self.head_dim = self.hidden_size // self.num_attention_heads
         if self.layer_types is None:
@@ -89,19 +99,22 @@ class ModelArgs(BaseModelArgs):
 
 
 class DepthwiseConv(nn.Module):
-    """The checkpoint's conv.weight [H, 1, L] (+ bias [H]): y[t] = sum_k w[k] * x[t - L + 1 + k]."""
+    """The checkpoint's conv.weight [H, 1, L] (+ bias [H]): y[t] = sum_k w[k] * x[t - before + k], zeros outside
+    the row; before = L - 1 (causal) or L // 2 (centered, the bidirectional encoder)."""
 
     def __init__(self, args: ModelArgs):
         super().__init__()
+        self.causal = args.causal
         self.weight = mx.zeros((args.hidden_size, 1, args.conv_L_cache))
         if args.conv_bias:
             self.bias = mx.zeros((args.hidden_size,))
 
     def __call__(self, x: mx.array) -> mx.array:
-        """x [B, L, H] -> [B, L, H], causal."""
+        """x [B, L, H] -> [B, L, H]."""
         kernel = self.weight.shape[-1]
         length = x.shape[1]
-        padded = mx.pad(x, [(0, 0), (kernel - 1, 0), (0, 0)])
+        before = kernel - 1 if self.causal else kernel // 2
+        padded = mx.pad(x, [(0, 0), (before, kernel - 1 - before), (0, 0)])
         out = sum(padded[:, k:k + length] * self.weight[:, 0, k] for k in range(kernel))
         return out + self.bias if "bias" in self else out
 
@@ -114,8 +127,9 @@ class ShortConv(nn.Module):
         self.out_proj = nn.Linear(args.hidden_size, args.hidden_size, bias=args.conv_bias)
 
     def __call__(self, x: mx.array, keep: mx.array) -> mx.array:
-        b, c, h = mx.split(self.in_proj(x * keep.astype(x.dtype)), 3, axis=-1)
-        return self.out_proj(c * self.conv(b * h))
+        keep = keep.astype(x.dtype)
+        b, c, h = mx.split(self.in_proj(x * keep), 3, axis=-1)
+        return self.out_proj(c * self.conv(b * h * keep))
 
 
 class FeedForward(nn.Module):
@@ -144,7 +158,7 @@ class DecoderLayer(nn.Module):
     def __call__(self, x: mx.array, mask: Mask | mx.array, rope: Rotary, rows: mx.array | None = None) -> mx.array:
         normed = self.operator_norm(x)
         if self.layer_type == FULL:
-            h = (x if rows is None else take_rows(x, rows)) + self.self_attn(normed, mask, rope, rows)
+            h = (x if rows is None else take_rows(x, rows)) + self.self_attn(normed, mask, rope, rows=rows)
         else:  # a conv layer's "mask" is the padding multiplier [B, L, 1] (see Lfm2Model.layer_masks)
             h = x + self.conv(normed, mask)
             if rows is not None:  # the convolution reads its neighbours: every position, then the rows
@@ -182,3 +196,35 @@ class Model(llama.Model):
             if key.endswith("conv.conv.weight") and value.ndim == 3 and value.shape[1] == kernel:
                 out[key] = value.swapaxes(1, 2)  # MLX conversions store [H, L, 1]
         return out
+
+
+class ColBERT(Model):
+    """pylate's ColBERT on this backbone (LFM2-ColBERT-350M, LFM2.5-ColBERT-350M): every token's final hidden
+    state through the checkpoint's 1_Dense projection (`linear`), then L2-normalized on its own. The projection's
+    width is the Dense weight's, known once the weights are read (sanitize)."""
+
+    multi_vector = True
+    projection_prefix = "linear."  # where the 1_Dense folder's weights go (engine/loading/heads.py)
+    computes_needed_rows = False  # every token's vector is its output
+
+    def __init__(self, args: ModelArgs):
+        super().__init__(args)
+        self.linear = nn.Linear(args.hidden_size, args.hidden_size, bias=False)  # resized by sanitize
+
+    @property
+    def hidden_size(self) -> int:
+        return self.linear.weight.shape[0]
+
+    def __call__(self, input_ids: mx.array, attention_mask: mx.array,
+                 token_type_ids: mx.array | None = None) -> mx.array:
+        return l2_normalize(self.linear(self.model(input_ids, attention_mask)))
+
+    def sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
+        projection = {k: v for k, v in weights.items() if k.startswith(self.projection_prefix)}
+        weight = projection.get(f"{self.projection_prefix}weight")
+        if weight is None or weight.ndim != 2 or weight.shape[1] != self.args.hidden_size:
+            raise UnsupportedCheckpoint(f"an LFM2 ColBERT checkpoint needs its 1_Dense projection from the hidden "
+                                        f"size {self.args.hidden_size}; found {None if weight is None else weight.shape}")
+        self.linear = nn.Linear(weight.shape[1], weight.shape[0], bias=f"{self.projection_prefix}bias" in projection)
+        rest = {k: v for k, v in weights.items() if k not in projection}
+        return {**super().sanitize(rest), **projection}

@@ -112,8 +112,11 @@ class Attention(nn.Module):
             self.q_norm = nn.RMSNorm(args.head_dim, eps=args.rms_norm_eps)
             self.k_norm = nn.RMSNorm(args.head_dim, eps=args.rms_norm_eps)
 
-    def __call__(self, x: mx.array, mask: Mask, rope: Rotary, rows: mx.array | None = None) -> mx.array:
-        """rows: compute the output at these positions only ([B] int: [B, 1, D] out), keys from every token."""
+    def __call__(self, x: mx.array, mask: Mask, rope: Rotary, q_scale: mx.array | None = None,
+                 rows: mx.array | None = None) -> mx.array:
+        """q_scale [B, 1, L, 1]: each position's query multiplied after the rotation (Ministral 3's Llama 4
+        attention scaling). rows: the output at these positions only ([B] int: [B, 1, D] out), keys from every
+        token."""
         q = split_heads(self.q_proj(x if rows is None else take_rows(x, rows)), self.n_heads)
         k = split_heads(self.k_proj(x), self.n_kv_heads)
         v = split_heads(self.v_proj(x), self.n_kv_heads)
@@ -121,9 +124,14 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         if rows is not None:
             mask, q_rope = mask.at(rows), rope.at(rows)
+            if q_scale is not None:
+                q_scale = mx.take_along_axis(q_scale, rows.reshape(-1, 1, 1, 1).astype(mx.int32), axis=2)
         else:
             q_rope = rope
-        return self.o_proj(attention(q_rope(q), rope(k), v, mask))
+        q = q_rope(q)
+        if q_scale is not None:
+            q = q * q_scale
+        return self.o_proj(attention(q, rope(k), v, mask))
 
 
 class MLP(nn.Module):
@@ -149,8 +157,10 @@ class TransformerBlock(nn.Module):
         self.input_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
         self.post_attention_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
 
-    def __call__(self, x: mx.array, mask: Mask, rope: Rotary, rows: mx.array | None = None) -> mx.array:
-        h = (x if rows is None else take_rows(x, rows)) + self.self_attn(self.input_layernorm(x), mask, rope, rows)
+    def __call__(self, x: mx.array, mask: Mask, rope: Rotary, q_scale: mx.array | None = None,
+                 rows: mx.array | None = None) -> mx.array:
+        attended = self.self_attn(self.input_layernorm(x), mask, rope, q_scale, rows)
+        h = (x if rows is None else take_rows(x, rows)) + attended
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -176,6 +186,11 @@ class DecoderModel(nn.Module):
         args = self.args
         return {kind: sequence_mask(attention_mask, args.causal, args.window(kind)) for kind in kinds}
 
+    def position_tables(self, positions: mx.array, kind: str, attention_mask: mx.array) -> tuple:
+        """What a layer of this kind takes after its mask, for token positions [B, L]: its rotary embedding."""
+        args = self.args
+        return (Rotary(positions, rope_inverse_frequencies(args.head_dim, args.rope_of(kind)), attention_mask),)
+
     def __call__(self, input_ids: mx.array, attention_mask: mx.array, needed: mx.array | None = None) -> mx.array:
         """Padded ids and mask [B, L] (left or right padding) -> final normed hidden states [B, L, D] ([B, 1, D]
         at the positions `needed` [B] when given)."""
@@ -183,19 +198,19 @@ class DecoderModel(nn.Module):
 
     def decode(self, x: mx.array, attention_mask: mx.array, needed: mx.array | None = None) -> mx.array:
         """Input embeddings [B, L, D] (a vision-language family's, image features merged in) -> final normed
-        hidden states. Each layer kind (full / sliding) gets its mask and its rotary embedding, built once per
-        pass. needed: one position per row [B] whose state is wanted (last-token pooling): the last layer
-        computes only that position (its keys come from every token), and [B, 1, D] comes out."""
+        hidden states. Each layer kind (full / sliding) gets its mask and its position tables (its rotary
+        embedding), built once per pass. needed: one position per row [B] whose state is wanted (last-token
+        pooling): the last layer computes only that position (its keys come from every token), and [B, 1, D]
+        comes out."""
         args = self.args
         positions = token_positions(attention_mask)
         kinds = set(args.layer_types)
-        ropes = {kind: Rotary(positions, rope_inverse_frequencies(args.head_dim, args.rope_of(kind)), attention_mask)
-                 for kind in kinds}
+        tables = {kind: self.position_tables(positions, kind, attention_mask) for kind in kinds}
         masks = self.layer_masks(attention_mask, kinds)
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
             kind = layer.layer_type
-            x = layer(x, masks[kind], ropes[kind], needed if i == last else None)
+            x = layer(x, masks[kind], *tables[kind], rows=needed if i == last else None)
         return self.norm(x)
 
 

@@ -17,7 +17,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from engine.errors import UnsupportedCheckpoint
-from engine.families.base import BaseModelArgs, activation, softmax, split_heads
+from engine.families.base import BaseModelArgs, Trunk, activation, softmax, split_heads
 
 
 @dataclass
@@ -219,7 +219,7 @@ class VisionTransformer(nn.Module):
         return self.head(self.patch_features(pixels))
 
 
-class Model(nn.Module):
+class Model(Trunk):
     """Text ids [B, 64] -> text embeddings [B, D]; pixels [B, C, H, W] -> image embeddings [B, D]."""
 
     pools_itself = True  # the engine's pooling does not apply: the towers end in their own heads

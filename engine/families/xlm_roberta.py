@@ -34,10 +34,7 @@ class Model(bert.Model):
         return self.args.max_position_embeddings - self.args.pad_token_id - 1
 
     def position_ids(self, input_ids: mx.array, attention_mask: mx.array) -> mx.array:
-        """transformers' create_position_ids_from_input_ids, also honouring the attention mask."""
-        pad = self.args.pad_token_id
-        real = (input_ids != pad).astype(mx.int32) * (attention_mask != 0).astype(mx.int32)
-        return mx.cumsum(real, axis=1) * real + pad
+        return positions_after_pad(input_ids, attention_mask, self.args.pad_token_id)
 
     def __call__(self, input_ids: mx.array, attention_mask: mx.array,
                  token_type_ids: mx.array | None = None) -> mx.array:
@@ -87,3 +84,10 @@ class SequenceClassifier(nn.Module):
         out = {"roberta." + k: v for k, v in trunk.items()}
         out.update({k: v for k, v in weights.items() if k.startswith(("classifier.dense.", "classifier.out_proj."))})
         return out
+
+
+def positions_after_pad(input_ids: mx.array, attention_mask: mx.array, pad: int) -> mx.array:
+    """transformers' create_position_ids_from_input_ids (RoBERTa, MPNet), also honouring the attention mask: real
+    tokens count from pad + 1, padding keeps position pad."""
+    real = (input_ids != pad).astype(mx.int32) * (attention_mask != 0).astype(mx.int32)
+    return mx.cumsum(real, axis=1) * real + pad

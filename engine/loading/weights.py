@@ -2,7 +2,11 @@
 
 MLX-quantized folders (mlx-lm / mlx-community conversions) say `quantization: {group_size, bits}` in
 config.json (optionally per layer) and store each quantized layer as a packed `weight` with `scales` and
-`biases`. Exactly the layers that have scales become MLX's quantized layers; the rest stay float.
+`biases`. Exactly the layers that have scales are quantized; the rest stay float. Where they run is chosen
+once at load, from the device (`keeps_bits`): on a GPU they become MLX's quantized layers (its quantized
+kernels are fast there); on a CPU, where MLX has no fast quantized matmul (4-bit MiniLM served at 0.038x its
+float folder's throughput, docs/limits-and-batching.md), they are dequantized to the compute dtype into plain
+nn.Linear / nn.Embedding weights, unless --keep-quantized trades that speed for their smaller memory.
 """
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.utils import tree_flatten
 
 from engine.errors import UnsupportedCheckpoint
 
@@ -48,6 +53,38 @@ def quantization(config: dict[str, Any]) -> Quantization | None:
     return Quantization(int(block["group_size"]), int(block["bits"]), per_layer)
 
 
+def on_cpu() -> bool:
+    return mx.default_device().type == mx.DeviceType.cpu
+
+
+def keeps_bits(keep_quantized: bool) -> bool:
+    """Whether quantized layers keep their bits (MLX's quantized kernels) or are dequantized at load: kept on
+    a GPU, dequantized on a CPU unless keep_quantized (--keep-quantized: memory over speed)."""
+    return keep_quantized or not on_cpu()
+
+
+QUANTIZED_KERNELS = "quantized kernels"
+
+
+def placement(quantized: bool, kept: bool, dtype: mx.Dtype) -> str:
+    """What /props and the startup log say the weights are: 'quantized kernels', 'dequantized to float32 at
+    load', or just the compute dtype for a float checkpoint."""
+    name = dtype_name(dtype)
+    if not quantized:
+        return name
+    return QUANTIZED_KERNELS if kept else f"dequantized to {name} at load"
+
+
+def dtype_name(dtype: mx.Dtype) -> str:
+    return next((name for name, d in DTYPES.items() if d == dtype), str(dtype))
+
+
+def module_dtype(module: nn.Module) -> mx.Dtype:
+    """The float dtype a loaded module computes in (its first float parameter's)."""
+    return next((v.dtype for _, v in tree_flatten(module.parameters())
+                 if mx.issubdtype(v.dtype, mx.floating)), mx.float32)
+
+
 def compute_dtype(requested: str, weights: dict[str, mx.array]) -> mx.Dtype:
     """The dtype the model computes in. auto: float32 on a CPU (half-precision matmuls are slow there and the
     references compute in float32), the checkpoint's own float dtype on a GPU."""
@@ -57,7 +94,7 @@ def compute_dtype(requested: str, weights: dict[str, mx.array]) -> mx.Dtype:
         except KeyError:
             raise UnsupportedCheckpoint(f"dtype {requested!r} is not supported "
                                         f"(auto, {', '.join(DTYPES)})") from None
-    if mx.default_device().type == mx.DeviceType.cpu:
+    if on_cpu():
         return mx.float32
     floats = {w.dtype for w in weights.values() if mx.issubdtype(w.dtype, mx.floating)}
     return floats.pop() if len(floats) == 1 else mx.float32
@@ -74,16 +111,22 @@ def ftype(weights: dict[str, mx.array], quant: Quantization | None) -> str:
 
 
 def materialize(module: nn.Module, weights: dict[str, mx.array], quant: Quantization | None,
-                dtype: mx.Dtype, what: str) -> None:
-    """Quantize the layers the weights have scales for, cast float tensors to dtype, load strictly."""
+                dtype: mx.Dtype, what: str, keep_bits: bool = True) -> None:
+    """Load the weights strictly, float tensors cast to dtype. The layers the weights have scales for become
+    MLX's quantized layers (keep_bits), or plain layers holding their dequantized weights (not keep_bits)."""
     if quant is not None:
-        nn.quantize(module, class_predicate=lambda path, layer: (
-            f"{path}.scales" in weights and hasattr(layer, "to_quantized") and (quant.params_for(path) or False)))
+        quantizable = {path for path, layer in module.named_modules()
+                       if f"{path}.scales" in weights and hasattr(layer, "to_quantized") and quant.params_for(path)}
         missing = sorted(k.removesuffix(".scales") for k in weights if k.endswith(".scales")
-                         and not isinstance(_layer(module, k.removesuffix(".scales")), _QUANTIZED))
+                         and k.removesuffix(".scales") not in quantizable)
         if missing:
             raise UnsupportedCheckpoint(f"{what}: quantized tensors for layers that cannot be quantized: "
                                         f"{', '.join(missing[:5])}")
+        if keep_bits:
+            nn.quantize(module, class_predicate=lambda path, layer: (
+                path in quantizable and (quant.params_for(path) or False)))
+        else:
+            weights = dequantized(weights, quant, quantizable)
     cast = {k: (v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) else v) for k, v in weights.items()}
     try:
         module.load_weights(list(cast.items()), strict=True)
@@ -92,14 +135,16 @@ def materialize(module: nn.Module, weights: dict[str, mx.array], quant: Quantiza
     mx.eval(module.parameters())
 
 
-def _layer(module: nn.Module, path: str) -> Any:
-    node: Any = module
-    for part in path.split("."):
-        try:
-            node = node[int(part)] if isinstance(node, list) else node[part]
-        except (KeyError, IndexError, ValueError, TypeError):
-            return None
-    return node
+def dequantized(weights: dict[str, mx.array], quant: Quantization, layers: set[str]) -> dict[str, mx.array]:
+    """The weights with each quantized layer's packed weight, scales and biases replaced by its float weight
+    (mx.dequantize: the values MLX's quantized kernels compute with)."""
+    out = {k: v for k, v in weights.items()
+           if not (k.endswith((".scales", ".biases")) and k.rsplit(".", 1)[0] in layers)}
+    for path in layers:
+        params = quant.params_for(path) or {}
+        out[f"{path}.weight"] = mx.dequantize(weights[f"{path}.weight"], weights[f"{path}.scales"],
+                                              weights[f"{path}.biases"], **params)
+    return out
 
 
 def size(module: nn.Module) -> tuple[int, int]:

@@ -16,7 +16,7 @@ such inputs:
    builder (or a reranker's pair builder) whose images get a dynamic resolution keeps its
    `engine.multimodal.qwen_images.QwenImageProcessor` as `processor`: at load the engine replaces it with one bounded by
    --image-min-tokens / --image-max-tokens.
-2. The family file's `Model` (what registry.load builds) takes text-only batches as every family does,
+2. The family file's `Model` (what the checkpoint format's load builds) takes text-only batches as every family does,
    `model(ids [B, L], mask [B, L], type_ids) -> [B, L, D]`, and inputs holding images through
    `model.embed_with_images(ids [1, L], images: list[dict[str, mx.array]]) -> [1, L, D]`: one input per call
    (DeepStack and M-RoPE positions are per sequence), its images' arrays in prompt order; the method runs the

@@ -2,7 +2,7 @@
 
 The Linux `mlx[cpu]` wheel multiplies with the reference (netlib) BLAS it bundles, 30-40x slower than an
 optimized one. Loading OpenBLAS with RTLD_GLOBAL before `import mlx.core` makes MLX resolve `cblas_sgemm`
-to it (shared/reference/mlx-on-linux.md). macOS uses Accelerate and needs nothing.
+to it (docs/mlx-on-linux.md). macOS uses Accelerate and needs nothing.
 """
 from __future__ import annotations
 

@@ -21,8 +21,8 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
-from engine import checkpoint
 from engine.errors import CheckpointNotFound, LoadFailed, NotLoaded
+from engine.loading import hub
 from engine.runtime.engine import Engine
 from engine.types import EngineOptions, ModelState, ResidencyStatus
 
@@ -43,7 +43,7 @@ def shared_key(options: EngineOptions) -> EngineOptions:
         return replace(options, model_path=folder, hf_repo=None, offline=False)
     if options.hf_repo:
         try:
-            folder = str(checkpoint.resolve(None, options.hf_repo, offline=True, hf_file=options.hf_file).resolve())
+            folder = str(hub.resolve(None, options.hf_repo, offline=True, hf_file=options.hf_file).resolve())
         except CheckpointNotFound:  # not downloaded yet: the repository name is the identity
             return options
         return replace(options, model_path=folder, hf_repo=None, hf_file=None, offline=False)

@@ -1,7 +1,7 @@
 """Text: tokens and prompts.
 
 Owns the tokenizer with llama-server's prompt rules (special tokens, mixed token/text prompts, pieces,
-truncation keeping the trailing specials), the SentencePiece rebuild for checkpoints without tokenizer.json,
-sentence-transformers' named prompts, instruction templates, rerank prompts and chat-template inputs. No MLX.
-May import `engine.types`, `engine.errors` and `engine.checkpoint` only.
+truncation keeping the trailing specials, the longest-first cut of a pair), the SentencePiece rebuild for
+checkpoints without tokenizer.json, sentence-transformers' named prompts, instruction templates, rerank prompts
+and chat-template inputs. No MLX. May import `engine.types`, `engine.errors` and `engine.checkpoint` only.
 """

@@ -2,7 +2,6 @@
 Embedding models: sentence-transformers' named prompts and the instruction templates model cards define."""
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +11,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from engine.checkpoint import Checkpoint
 from engine.errors import InvalidInput, UnsupportedCheckpoint
+from engine.resources import data_folder
 from engine.types import ModelInfo
 
 # The model card's default task for Qwen3-Reranker.
@@ -25,13 +25,7 @@ _QUERY_MARK, _DOCUMENT_MARK = "\ue000query\ue000", "\ue000document\ue000"
 
 def templates_dir() -> Path:
     """Our templates: the installed data package, or templates/ beside engine/ in a source checkout."""
-    try:
-        spec = importlib.util.find_spec("engine.templates")
-    except ModuleNotFoundError:
-        spec = None
-    if spec is not None and spec.submodule_search_locations:
-        return Path(list(spec.submodule_search_locations)[0])
-    return Path(__file__).resolve().parents[2] / "templates"
+    return data_folder("engine.templates", "templates")
 
 
 @dataclass(frozen=True)

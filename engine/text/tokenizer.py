@@ -11,7 +11,7 @@ from tokenizers import Tokenizer
 from engine.text import sentencepiece as spm
 from engine.checkpoint import Checkpoint, special_token_text
 from engine.errors import UnsupportedCheckpoint
-from engine.types import VocabType
+from engine.types import TokenSpan, VocabType
 
 _VOCAB_TYPES = {"WordPiece": VocabType.WPM, "BPE": VocabType.BPE, "Unigram": VocabType.UGM}
 
@@ -45,7 +45,7 @@ class TextTokenizer:
         self.n_vocab = self._parsing.get_vocab_size(with_added_tokens=True)
         self._special_ids = {t["id"] for t in spec.get("added_tokens", []) if t.get("special")}
         self._byte_decoder = _bytes_to_unicode() if self._model_kind == "BPE" else None
-        self.trailing_specials = self._trailing_specials()
+        self.leading_specials, self.trailing_specials = self._special_edges()
         cfg = checkpoint.tokenizer_config
         self.pad_id = self._token_id(cfg.get("pad_token"), checkpoint.config.get("pad_token_id"))
         self.bos_token = special_token_text(cfg.get("cls_token") or cfg.get("bos_token")) or ""
@@ -62,6 +62,12 @@ class TextTokenizer:
             return []
         tok = self._parsing if parse_special else self._literal
         return [enc.ids for enc in tok.encode_batch_fast(list(texts), add_special_tokens=add_special)]
+
+    def word_spans(self, text: str) -> list[tuple[int, int, int | None]]:
+        """(start, end, word) of each token of `text` (no special tokens): its characters in `text` and the
+        index of the pre-tokenizer word it belongs to (None where the tokenizer does not say)."""
+        enc = self._parsing.encode(text, add_special_tokens=False)
+        return [(start, end, word) for (start, end), word in zip(enc.offsets, enc.word_ids, strict=True)]
 
     def encode_prompt(self, parts: Sequence[str | int], add_special: bool = True,
                       parse_special: bool = True) -> list[int]:
@@ -109,29 +115,57 @@ class TextTokenizer:
                 self._truncating[max_length] = tok
             return tok
 
-    def decode(self, ids: Sequence[int]) -> str:
-        return self._parsing.decode(list(ids), skip_special_tokens=False)
+    def decode(self, ids: Sequence[int], skip_special: bool = False) -> str:
+        return self._parsing.decode(list(ids), skip_special_tokens=skip_special)
+
+    def token_spans(self, text: str, add_special: bool = True) -> list[TokenSpan]:
+        """`text`'s tokens with where each came from: (id, text, special, start, stop), offsets in UTF-8 bytes
+        of `text`; a special token has its own text and no offsets (TEI's /tokenize)."""
+        encoding = self._parsing.encode(text, add_special_tokens=add_special)
+        raw = text.encode("utf-8")
+        # the library's offsets count characters: the byte offset of each character boundary
+        byte_at = [0]
+        for ch in text:
+            byte_at.append(byte_at[-1] + len(ch.encode("utf-8")))
+        spans: list[TokenSpan] = []
+        for token_id, (start, stop), special, token in zip(encoding.ids, encoding.offsets,
+                                                           encoding.special_tokens_mask, encoding.tokens):
+            # the template's special tokens, and one spelled out in the text ("[SEP]"; not [UNK] standing for text)
+            if special or (token_id in self._special_ids and text[start:stop] == token):
+                spans.append(TokenSpan(token_id, token, True, None, None))
+                continue
+            first, last = byte_at[start], byte_at[stop]
+            spans.append(TokenSpan(token_id, raw[first:last].decode("utf-8", errors="replace"), False, first, last))
+        return spans
 
     def pieces(self, ids: Sequence[int]) -> list[str | list[int]]:
         """Each token's text as llama-server shows it: word starts keep their leading space."""
         return [self._piece(i) for i in ids]
 
-    def truncate(self, ids: list[int], limit: int) -> list[int]:
-        """Cut from the right to `limit` tokens, keeping the trailing special tokens the template appended."""
+    def truncate(self, ids: list[int], limit: int, direction: str = "right") -> list[int]:
+        """Cut to `limit` tokens, keeping the trailing special tokens the template appended: from the right, or
+        (direction "left", TEI's truncation_direction) from the left, keeping the end and the leading special
+        tokens the template prepended."""
         if len(ids) <= limit:
             return ids
         tail = self.trailing_specials
-        if tail and len(ids) >= len(tail) and ids[-len(tail):] == tail and limit > len(tail):
-            return ids[: limit - len(tail)] + tail
-        return ids[:limit]
+        has_tail = bool(tail) and len(ids) >= len(tail) and ids[-len(tail):] == tail and limit > len(tail)
+        if direction != "left":
+            return ids[: limit - len(tail)] + tail if has_tail else ids[:limit]
+        head = self.leading_specials
+        tail = tail if has_tail else []
+        if head and ids[:len(head)] == head and limit > len(head) + len(tail):
+            return head + ids[len(ids) - (limit - len(head)):]
+        return ids[len(ids) - limit:]
 
-    def _trailing_specials(self) -> list[int]:
+    def _special_edges(self) -> tuple[list[int], list[int]]:
+        """The special tokens the template puts before and after a text's own tokens."""
         with_specials = self._parsing.encode("a", add_special_tokens=True).ids
         plain = self._parsing.encode("a", add_special_tokens=False).ids
         for start in range(len(with_specials) - len(plain) + 1):
             if with_specials[start:start + len(plain)] == plain:
-                return with_specials[start + len(plain):]
-        return []
+                return with_specials[:start], with_specials[start + len(plain):]
+        return [], []
 
     def _piece(self, token_id: int) -> str | list[int]:
         token = self._parsing.id_to_token(token_id)
@@ -158,13 +192,16 @@ class TextTokenizer:
         return int(fallback) if isinstance(fallback, int) else 0
 
 
-def open_tokenizer(checkpoint: Checkpoint) -> TextTokenizer:
-    """The checkpoint's tokenizer: tokenizer.json (or transformers' conversion), or a GGUF's own metadata."""
-    if checkpoint.gguf is not None:
-        from engine.loading.gguf.tokenizer import GGUFTokenizer
-
-        return GGUFTokenizer(checkpoint)
-    return TextTokenizer(checkpoint)
+def longest_first(query: list[int], document: list[int], budget: int) -> tuple[list[int], list[int]]:
+    """A query's and a document's tokens cut to `budget` together, a token at a time from whichever is longer
+    (the document on a tie), as transformers' longest-first truncation does."""
+    q, d = len(query), len(document)
+    while q + d > max(budget, 0):
+        if d >= q:
+            d -= 1
+        else:
+            q -= 1
+    return query[:q], document[:d]
 
 
 def _load(checkpoint: Checkpoint) -> Tokenizer:

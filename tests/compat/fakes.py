@@ -1,14 +1,16 @@
 """A deterministic stand-in for engine.Engine: no model, no threads."""
 from __future__ import annotations
 
+import math
 import zlib
 from collections.abc import Sequence
 
 import numpy as np
 
+from engine.compute.normalize import finish
 from engine.errors import EmptyInput, InputTooLong, InvalidInput, InvalidTokens, TooManyInputs
 from engine.text.prompts import format_prompts
-from engine.types import EmbedResult, ImageInput, ModelInfo, Pooling, RerankResult, Timings, VocabType
+from engine.types import EmbedResult, ImageInput, ModelInfo, Pooling, RerankResult, Timings, TokenSpan, VocabType
 
 CLS, SEP = 101, 102
 N_VOCAB = 1000
@@ -63,7 +65,7 @@ class FakeEngine:
             max_input_tokens=max_input_tokens, truncate_tokens=512, slot_ctx=256, n_slots=2, bos_token="[CLS]",
             eos_token="[SEP]", kind=kind, batch_tokens=4096, batch_rows=16, widths=(8, 16, 512), prompts=prompts,
             default_prompt_name=default_prompt_name, instruction_template=instruction_template, family="bert",
-            modalities=modalities)
+            modalities=modalities, weights="float32", resident_bytes=90868376)
         self.limit_kind = limit_kind
         self.max_queue_items = max_queue_items
         self.embed_calls: list[dict] = []
@@ -102,16 +104,35 @@ class FakeEngine:
     def token_pieces(self, ids: Sequence[int]) -> list[str | list[int]]:
         return [[0xE2, 0x82] if t == 7 else " " + self._words.get(t, "?") for t in ids]
 
-    def decode(self, ids: Sequence[int]) -> str:
-        return " ".join(self._words.get(t, "?") for t in ids)
+    def decode(self, ids: Sequence[int], skip_special: bool = False) -> str:
+        return " ".join(self._words.get(t, "?") for t in ids if not (skip_special and t in (CLS, SEP)))
+
+    def token_spans(self, text: str, add_special: bool = True) -> list[TokenSpan]:
+        """Words split on single spaces, their UTF-8 byte offsets; [CLS]/[SEP] around them when add_special."""
+        spans, start = [], 0
+        for word in text.split(" "):
+            raw = len(word.encode("utf-8"))
+            if word:
+                spans.append(TokenSpan(word_id(word), word, False, start, start + raw))
+                self._words[word_id(word)] = word
+            start += raw + 1
+        if add_special:
+            spans = [TokenSpan(CLS, "[CLS]", True, None, None), *spans, TokenSpan(SEP, "[SEP]", True, None, None)]
+        return spans
 
     def embed_prompts(self, prompts: Sequence[Sequence[str | int]], *, truncate: bool | None = None,
-                      timeout_s: float = 3600) -> EmbedResult:
-        return self.embed([self.encode_prompt(parts) for parts in prompts], truncate=truncate, timeout_s=timeout_s)
+                      timeout_s: float = 3600, embd_normalize: int = -1, dimensions: int | None = None,
+                      truncation_direction: str = "right") -> EmbedResult:
+        return self.embed([self.encode_prompt(parts) for parts in prompts], truncate=truncate, timeout_s=timeout_s,
+                          embd_normalize=embd_normalize, dimensions=dimensions,
+                          truncation_direction=truncation_direction)
 
-    def embed(self, token_lists: list[list[int]], *, truncate: bool | None = None,
-              timeout_s: float = 3600) -> EmbedResult:
-        self.embed_calls.append({"token_lists": token_lists, "truncate": truncate, "timeout_s": timeout_s})
+    def embed(self, token_lists: list[list[int]], *, truncate: bool | None = None, timeout_s: float = 3600,
+              embd_normalize: int = -1, dimensions: int | None = None, truncation_direction: str = "right") -> EmbedResult:
+        """Vectors finished as the engine finishes them (engine.compute.normalize.finish); a cut input keeps
+        its first max_input_tokens ids (truncation_direction left: its last)."""
+        self.embed_calls.append({"token_lists": token_lists, "truncate": truncate, "timeout_s": timeout_s,
+                                 "truncate_left": truncation_direction.lower() == "left"})
         if self.info.is_reranker:  # the engine's own words
             raise InvalidInput("this server runs a reranker (rank pooling): it serves /rerank, not embeddings")
         if self.raise_on_embed is not None:
@@ -123,9 +144,11 @@ class FakeEngine:
                 raise InvalidTokens("bad token")
             if len(ids) > self.info.max_input_tokens and not truncate:
                 raise InputTooLong(len(ids), self.info.max_input_tokens, self.limit_kind)
-        kept = [ids[: self.info.max_input_tokens] for ids in token_lists]
+        limit = self.info.max_input_tokens
+        kept = [ids[len(ids) - limit:] if truncation_direction.lower() == "left" and len(ids) > limit else ids[:limit] for ids in token_lists]
         make = token_rows if self.info.pooling is Pooling.NONE else pooled_vector
-        vectors = [make(ids) if self.fixed_vector is None else self.fixed_vector for ids in kept]
+        vectors = [finish(make(ids) if self.fixed_vector is None else self.fixed_vector, embd_normalize, dimensions)
+                   for ids in kept]
         self.counters["prompt_tokens_total"] += sum(map(len, kept))
         self.counters["prompt_seconds_total"] += 0.5
         self.counters["n_decode_total"] += 1
@@ -133,10 +156,14 @@ class FakeEngine:
                            timings=Timings(tokenize_s=0.0, queue_s=0.002, inference_s=0.0125))
 
     def rerank(self, query: str | ImageInput, documents: Sequence[str | ImageInput], *, truncate: bool | None = None,
-               instruction: str | None = None, timeout_s: float = 3600) -> RerankResult:
-        """Raises what Engine.rerank raises, in its order; truncate None means the fake's --no-truncate."""
+               instruction: str | None = None, max_chunks: int | None = None, timeout_s: float = 3600,
+               sigmoid: bool | None = None) -> RerankResult:
+        """Raises what Engine.rerank raises, in its order; truncate None means the fake's --no-truncate. Records
+        `max_chunks` (the real engine's windows are tested in tests/engine/test_rerank_chunks.py). sigmoid: a
+        cross-encoder's sigmoid(score) when True (None: the fake's --no-rerank-sigmoid)."""
         self.rerank_calls.append({"query": query, "documents": list(documents), "truncate": truncate,
-                                  "instruction": instruction, "timeout_s": timeout_s})
+                                  "instruction": instruction, "max_chunks": max_chunks, "timeout_s": timeout_s,
+                                  **({} if sigmoid is None else {"sigmoid": sigmoid})})
         if not self.info.is_reranker:
             raise InvalidInput("this server runs an embedding model: start a reranker with --reranking")
         if instruction is not None and self.info.kind != "generative-reranker":
@@ -153,8 +180,12 @@ class FakeEngine:
         for n in n_tokens:
             if n > limit and not truncate:
                 raise InputTooLong(n, limit, self.limit_kind)
+        if sigmoid is False and self.info.kind != "cross-encoder":
+            raise InvalidInput("this reranker (BertModel) scores probabilities, not logits")
         scores = (list(self.fixed_scores) if self.fixed_scores is not None
                   else [pair_score(query, document) for document in documents])
+        if sigmoid and self.info.kind == "cross-encoder":
+            scores = [1.0 / (1.0 + math.exp(-s)) for s in scores]
         return RerankResult(scores=scores, n_tokens=[min(n, limit) for n in n_tokens],
                             timings=Timings(tokenize_s=0.001, queue_s=0.002, inference_s=0.0125))
 

@@ -35,7 +35,7 @@ def handler_error(status: int, message: str, kind: str) -> str:
 
 
 def llama_normalize(x: np.ndarray, p: int) -> np.ndarray:
-    """contract §3.5, written independently of the engine's version."""
+    """docs/llama-server-contract.md §3.5, written independently of the engine's version."""
     x = np.asarray(x, dtype=np.float64)
     if p == -1:
         total = 1.0
@@ -264,7 +264,7 @@ def test_input_or_content_required(client):
                        '"type":"invalid_request_error"}}'
 
 
-@pytest.mark.parametrize("value", ["int8", "", 5, None, ["float"]])
+@pytest.mark.parametrize("value", ["int4", "INT8", "", 5, None, ["float"]])
 def test_encoding_format_must_be_float_or_base64(client, value):
     res = client.simulate_post("/v1/embeddings", json={"input": "x", "encoding_format": value})
     assert res.status_code == 400
@@ -594,7 +594,7 @@ def test_props_shape_and_values(make_client):
     assert list(body) == ["default_generation_settings", "total_slots", "model_alias", "model_ftype", "model_path",
                           "modalities", "endpoint_slots", "endpoint_props", "endpoint_metrics", "ui",
                           "chat_template", "bos_token", "eos_token", "build_info", "is_sleeping",
-                          "cors_proxy_enabled", "family", "max_seq", "rows", "batch_tokens", "widths", "prompts",
+                          "cors_proxy_enabled", "family", "weights", "resident_bytes", "max_seq", "rows", "batch_tokens", "widths", "prompts",
                           "default_prompt_name", "instruction_template", "chat_template_inputs", "dimensions",
                           "input_modalities", "multi_vector"]
     assert list(body["default_generation_settings"]) == ["params", "n_ctx"]
@@ -610,8 +610,16 @@ def test_props_shape_and_values(make_client):
     assert body["is_sleeping"] is False
     assert (body["max_seq"], body["rows"], body["batch_tokens"], body["widths"]) == (16, 16, 4096, [8, 16, 512])
     assert body["family"] == "bert"
+    assert (body["weights"], body["resident_bytes"]) == ("float32", 90868376)
     assert (body["prompts"], body["default_prompt_name"], body["instruction_template"]) == ({}, None, None)
     assert body["dimensions"] == {"min": 1, "max": 4}
+
+
+@pytest.mark.parametrize(("argv", "seed"), [((), 4294967295), (("--seed", "42"), 42), (("-s", "-1"), 4294967295)])
+def test_props_report_the_seed(make_client, argv, seed):
+    # llama.cpp's test_server_props starts the server with --seed 42 and reads it back here
+    params = make_client(*argv).simulate_get("/props").json["default_generation_settings"]["params"]
+    assert params["seed"] == seed and list(params) == PARAMS_KEYS
 
 
 def test_post_props(make_client):
@@ -644,12 +652,13 @@ def test_models_shape(make_client, path):
     assert (model["object"], model["owned_by"]) == ("model", "llamacpp")
     assert before <= model["created"] <= int(time.time())
     assert model["meta"] == {"vocab_type": 3, "n_vocab": 1000, "n_ctx": 256, "n_ctx_train": 512, "n_embd": 4,
-                             "n_params": 22713216, "size": 90868376, "ftype": "F32", "prompts": [],
+                             "n_params": 22713216, "size": 90868376, "ftype": "F32", "weights": "float32",
+                             "resident_bytes": 90868376, "prompts": [],
                              "default_prompt_name": None, "instruction_template": None,
                              "chat_template_inputs": False, "dimensions": {"min": 1, "max": 4},
                              "input_modalities": ["text"], "multi_vector": False}
     assert list(model["meta"]) == ["vocab_type", "n_vocab", "n_ctx", "n_ctx_train", "n_embd", "n_params", "size",
-                                   "ftype", "prompts", "default_prompt_name", "instruction_template",
+                                   "ftype", "weights", "resident_bytes", "prompts", "default_prompt_name", "instruction_template",
                                    "chat_template_inputs", "dimensions", "input_modalities", "multi_vector"]
 
 

@@ -2,6 +2,7 @@
 and message, and that the server keeps serving afterwards."""
 from __future__ import annotations
 
+import base64
 import json
 import threading
 import time
@@ -10,10 +11,14 @@ import orjson
 import pytest
 from falcon.testing import TestClient
 
+import compat.media
+import compat.wire.inputs
+import compat.wire.rerank
 from compat.app import create_app
 from compat.lifecycle import ARRIVED_KEY, Lifecycle
 from compat.settings import parse_settings
-from compat.wire.inputs import MAX_JSON_DEPTH, json_depth
+from compat.errors import ApiError
+from compat.wire.inputs import MAX_JSON_DEPTH, TOO_DEEP, parse_json_object
 from tests.compat.fakes import FakeEngine
 from tests.compat.test_routing import GatedEngine, Server
 from tests.conftest import parse_metrics
@@ -57,14 +62,59 @@ def _nesting(value: object) -> int:
     return 0
 
 
+def _at_depth(value: object, depth: int) -> dict:
+    """A body whose nesting is `depth`: value under an object, under lists."""
+    body: object = value
+    for _ in range(depth - 1 - _nesting(value)):
+        body = [body]
+    return {"x": body}
+
+
 @pytest.mark.parametrize("value", [1, "s", [], {}, {"a": [1, 2]}, {"a": [[1], [2, {"b": [3]}]]},
                                    # brackets and quotes inside strings, escaped quotes and backslashes
                                    {"[[[": "{{{", "a": ["]]]", "\\", "\\[", '\"[', '"', "\\\"{{"], "b": {"c": []}},
-                                   ["\\", ["\\\\\"]]", [[]]], "é[ü"]])
-def test_json_depth_counts_levels_of_the_text(value):
-    # the text as clients send it: compact, indented, or with non-ASCII escaped
-    for text in (orjson.dumps(value), json.dumps(value, indent=2).encode(), json.dumps(value)):
-        assert json_depth(text) == _nesting(value), text
+                                   ["\\", ["\\\\\"]]", [[]]], "é[ü"], "]" * 40, "[" * 40])
+def test_the_nesting_bound_counts_levels_of_the_text(value):
+    # exactly MAX_JSON_DEPTH levels parse, one more is refused; the text as clients send it: compact, indented,
+    # or with non-ASCII escaped
+    for depth, fits in ((MAX_JSON_DEPTH, True), (MAX_JSON_DEPTH + 1, False)):
+        body = _at_depth(value, depth)
+        assert _nesting(body) == depth
+        for text in (orjson.dumps(body), json.dumps(body, indent=2).encode(), json.dumps(body)):
+            if fits:
+                assert parse_json_object(text) == body
+            else:
+                with pytest.raises(ApiError) as caught:
+                    parse_json_object(text)
+                assert (caught.value.status, caught.value.message) == (400, TOO_DEEP)
+
+
+@pytest.mark.parametrize("raw", [b"", b" ", b"1, 2", b"] [", b"{}, {}", b"{}] [{}", b'{"a": 1}]', b"[" * 5000,
+                                 b"[" * 40 + b"]" * 40, b'"s"', b"{"])
+def test_a_body_that_is_no_json_object_alone_is_refused_as_parsing_it_alone_says(raw):
+    # the body is parsed inside arrays (orjson's depth limit bounds it): what is valid only once wrapped stays
+    # refused, with the message parsing the body alone gives
+    try:
+        alone = orjson.loads(raw)
+        expected = "The request body must be a JSON object"
+    except orjson.JSONDecodeError as exc:
+        alone, expected = None, str(exc)
+    assert not isinstance(alone, dict)
+    with pytest.raises(ApiError) as caught:
+        parse_json_object(raw)
+    assert (caught.value.status, caught.value.message) == (400, expected)
+
+
+def test_the_nesting_bound_is_orjsons_own_parse(monkeypatch):
+    """A valid body within the bound is parsed once, by orjson, and nothing walks or scans it after: the bound
+    costs one copy of the body (benchmarks/body_depth.py measures it; a byte scan cost 5-9x the parse)."""
+    raw = orjson.dumps({"input": ['a "quoted" [bracketed] {braced} text with a \\ and a\nnewline ' * 6] * 400})
+    calls = []
+    real = orjson.loads
+    monkeypatch.setattr(compat.wire.inputs.orjson, "loads", lambda data: calls.append(len(data)) or real(data))
+    assert parse_json_object(raw) == real(raw)
+    assert len(calls) == 1 and calls[0] < len(raw) + 2 * MAX_JSON_DEPTH * 64  # the body, wrapped, once
+    assert not hasattr(compat.wire.inputs, "json_depth")  # no scan of the bytes beside it
 
 
 def _draining_client(*argv: str) -> tuple[TestClient, Lifecycle]:
@@ -115,6 +165,58 @@ def test_more_inputs_than_the_engine_queue_holds_is_413_before_any_work(make_cli
     res = make_client("--embedding", engine=engine).simulate_post("/v1/embeddings", json={"input": ["a", "b", "c"]})
     assert (res.status_code, res.json["error"]["message"]) == (
         413, "this request has 3 inputs; the engine queue holds at most 2 (--max-queue-items)")
+
+
+PNG_URL = "data:image/png;base64," + base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\x00" * 40).decode()
+IMAGE_PART = {"type": "image_url", "image_url": {"url": PNG_URL}}
+BROKEN = {"prompt_string": 5}  # refused by the parser (400), if it ever gets to it
+
+
+def _counting(monkeypatch, module, name: str) -> list:
+    """Calls of module.name, recorded (it still runs)."""
+    calls, real = [], getattr(module, name)
+    monkeypatch.setattr(module, name, lambda *args, **kwargs: calls.append(args) or real(*args, **kwargs))
+    return calls
+
+
+@pytest.mark.parametrize(("argv", "engine_kw", "message"), [
+    (("--max-client-batch-size", "3"), {}, "this request has 4 inputs; the server accepts at most 3"),
+    ((), {"max_queue_items": 3}, "this request has 4 inputs; the engine queue holds at most 3"),
+])
+def test_the_input_count_is_checked_on_the_raw_list_before_any_input_is_read(make_client, monkeypatch, argv,
+                                                                              engine_kw, message):
+    engine = FakeEngine(modalities=("text", "image"), **engine_kw)
+    client = make_client("--embedding", *argv, engine=engine)
+    parsed = _counting(monkeypatch, compat.wire.inputs, "_subprompt")
+    fetched = _counting(monkeypatch, compat.media, "load")
+    for path, body in (("/v1/embeddings", {"input": ["a", [IMAGE_PART], "c", BROKEN]}),
+                       ("/embedding", {"content": [IMAGE_PART, IMAGE_PART, IMAGE_PART, BROKEN]})):
+        res = client.simulate_post(path, json=body)
+        assert (res.status_code, res.json["error"]["message"].startswith(message)) == (413, True), res.json
+    assert (parsed, fetched, engine.encode_calls, engine.embed_calls) == ([], [], [], [])
+    # a list holding a token id is one prompt, however long
+    assert client.simulate_post("/v1/embeddings", json={"input": ["a", 5, "b", 6]}).status_code == 200
+
+
+@pytest.mark.parametrize(("argv", "engine_kw", "message"), [
+    (("--max-client-batch-size", "2"), {}, "this request has 3 documents; the server accepts at most 2"),
+    ((), {"max_queue_items": 2}, "this request has {inputs} inputs; the engine queue holds at most 2"),
+])
+def test_the_document_count_is_checked_on_the_raw_list_before_any_document_is_read(make_client, monkeypatch,
+                                                                                    argv, engine_kw, message):
+    parsed = _counting(monkeypatch, compat.wire.rerank, "_item")
+    fetched = _counting(monkeypatch, compat.media, "load")
+    documents = [{"text": "a", "image": PNG_URL}, {"image_url": PNG_URL}, {"text": 5}]
+    reranker = FakeEngine(kind="cross-encoder", modalities=("text", "image"), **engine_kw)
+    embedder = FakeEngine(modalities=("text", "image"), **engine_kw)
+    for flag, engine, path, key in (("--reranking", reranker, "/rerank", "documents"),
+                                    ("--reranking", reranker, "/v2/rerank", "documents"),
+                                    ("--reranking", reranker, "/rerank", "texts"),
+                                    ("--embedding", embedder, "/maxsim", "documents")):
+        res = make_client(flag, *argv, engine=engine).simulate_post(path, json={"query": "q", key: documents})
+        expected = message.format(inputs=4 if path == "/maxsim" else 3)  # MaxSim's query is an input too
+        assert (res.status_code, res.json["error"]["message"].startswith(expected)) == (413, True), (path, res.json)
+    assert (len(parsed), fetched, reranker.rerank_calls, embedder.embed_calls) == (0, [], [], [])
 
 
 def test_the_default_client_batch_size_refuses_20000_inputs_with_413(make_client):

@@ -13,8 +13,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from compat.corpus import Group, PartStore, Progress, describe_failure
-from compat.corpus_files import CorpusReader, Row
+from compat.corpus.files import CorpusReader, Row
+from compat.corpus.groups import Group
+from compat.corpus.job import Progress, describe_failure
+from compat.corpus.output import PartStore
 from compat.settings import SettingsError
 from tests.server.harness import ROOT, clean_env
 

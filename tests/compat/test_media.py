@@ -5,6 +5,7 @@ import base64
 import http.server
 import os
 import re
+import socket
 import threading
 import time
 from pathlib import Path
@@ -159,6 +160,66 @@ def test_a_trickling_download_stops_at_the_media_timeout(loopback):
     with pytest.raises(ValueError, match="took longer than 0.5 s"):
         load(f"{loopback}/slow.png", MediaPolicy.create(None, True, 1000, timeout_s=0.5))
     assert time.monotonic() - started < 2.5  # the whole trickle would take 4 s
+
+
+@pytest.fixture
+def slow_headers():
+    """A loopback socket server that accepts, then sends its status line and headers a byte every 0.1 s (4 s in
+    all): each receive is quick, the headers are not."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    answer = b"HTTP/1.1 200 OK\r\nContent-Type: image/png\r\nX-Pad: " + b"x" * 10 + b"\r\n\r\n" + PNG
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn:
+                try:
+                    conn.recv(65536)
+                    for byte in answer[:40]:
+                        if stop.is_set():
+                            return
+                        conn.sendall(bytes([byte]))
+                        time.sleep(0.1)
+                    conn.sendall(answer[40:])
+                except OSError:  # the client gave up, as it should
+                    pass
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    stop.set()
+    listener.close()
+    thread.join(5)
+
+
+def test_slow_headers_stop_at_the_media_timeout(slow_headers):
+    started = time.monotonic()
+    with pytest.raises(ValueError, match=r"took longer than 0.5 s \(--media-timeout\)"):
+        load(f"{slow_headers}/a.png", MediaPolicy.create(None, True, 1000, timeout_s=0.5))
+    assert time.monotonic() - started < 1.5  # the headers alone take 4 s
+
+
+def test_slow_name_resolution_stops_at_the_media_timeout(loopback, monkeypatch):
+    port = int(loopback.rsplit(":", 1)[1])
+    resolve = socket.getaddrinfo
+
+    def slow_resolver(host, *args, **kwargs):
+        if host == "slow-resolver.invalid":  # a resolver that answers, loopback, after 3 s
+            time.sleep(3)
+            host = "127.0.0.1"
+        return resolve(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", slow_resolver)
+    started = time.monotonic()
+    with pytest.raises(ValueError, match=r"took longer than 0.5 s \(--media-timeout\)"):
+        load(f"http://slow-resolver.invalid:{port}/small.png", MediaPolicy.create(None, True, 1000, timeout_s=0.5))
+    assert time.monotonic() - started < 1.5
+    # a resolver within the deadline: the download goes on
+    assert load(f"http://localhost:{port}/small.png", policy(allow_remote=True)) == PNG
 
 
 def test_remote_images_only_when_allowed_and_bounded(loopback):

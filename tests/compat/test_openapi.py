@@ -14,8 +14,8 @@ from compat.openapi import UndeclaredRoute, openapi_document
 from compat.settings import parse_settings
 from compat.wire.embeddings import parse_embeddings_request
 from compat.wire.inputs import parse_model_field
-from compat.wire.models import parse_model_request
 from compat.wire.rerank import parse_rerank_request
+from compat.wire.router import parse_model_request
 from compat.wire.tokenize import parse_detokenize_request, parse_tokenize_request
 from tests.compat.fakes import FakeEngine
 from tests.compat.test_routing import Server

@@ -1,4 +1,4 @@
-"""The INI dialect of llama.cpp's config.ini and preset files (contract §7.4)."""
+"""The INI dialect of llama.cpp's config.ini and preset files (docs/llama-server-contract.md §7.4)."""
 import pytest
 
 from compat.presets import IniEntry, PresetError, parse_ini

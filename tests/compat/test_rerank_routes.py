@@ -223,7 +223,8 @@ def test_engine_gets_texts_truncate_instruction_and_timeout(make_client):
     # the engine gets what is left of the request's -to deadline
     assert all(76 < call.pop("timeout_s") <= 77 for call in engine.rerank_calls)
     assert engine.rerank_calls == [
-        {"query": "q", "documents": ["plain", "object text"], "truncate": truncate, "instruction": instruction}
+        {"query": "q", "documents": ["plain", "object text"], "truncate": truncate, "instruction": instruction,
+         "max_chunks": None}
         for truncate, instruction in [(None, None), (True, "Find code"), (True, None), (False, None)]]
 
 

@@ -1,4 +1,4 @@
-"""A several-model server's routes (compat/routing.py, compat/resources/models.py) over a real Residency whose
+"""A several-model server's routes (compat/routing.py, compat/resources/model_management.py) over a real Residency whose
 engines are fakes: routing by id and alias, defaults per route, errors, /models, load/unload, reload, metrics."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from falcon.testing import TestClient
 
 from compat.app import create_app
-from compat.models import read_catalog
+from compat.catalog import read_catalog
 from compat.routing import ModelRouter
 from compat.settings import parse_settings
 from engine import Residency

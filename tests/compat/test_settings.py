@@ -1,10 +1,11 @@
-"""Option resolution as llama-server does it (contract §7.1, §7.2, §7.4)."""
+"""Option resolution as llama-server does it (docs/llama-server-contract.md §7.1, §7.2, §7.4)."""
 import logging
 from pathlib import Path
 
 import pytest
 
 from compat import settings as settings_module
+from compat.settings import resolver
 from compat.settings import HelpRequested, Settings, SettingsError, format_help, option_table, parse_settings
 from engine.types import DEFAULT_MODEL_NAME, EngineOptions, Pooling
 
@@ -69,7 +70,7 @@ def test_every_layer_in_order(tmp_path):
 
 
 def test_default_system_paths_come_from_xdg_or_home(tmp_path, monkeypatch):
-    monkeypatch.setattr(settings_module, "SYSTEM_CONFIG_FILE", ini(tmp_path, "etc/config.ini", "port = 1\nc = 1\n"))
+    monkeypatch.setattr(resolver, "SYSTEM_CONFIG_FILE", ini(tmp_path, "etc/config.ini", "port = 1\nc = 1\n"))
     ini(tmp_path, "home/.config/llama.cpp/config.ini", "port = 2\n")
     ini(tmp_path, "xdg/llama.cpp/config.ini", "port = 3\n")
     home, xdg = str(tmp_path / "home"), str(tmp_path / "xdg")
@@ -329,7 +330,7 @@ def test_ignored_options_with_and_without_values(caplog):
     s = parse(argv)
     assert (s.model, s.ctx_size) == ("m", 64)
     assert messages(caplog, logging.INFO) == [f"ignoring {flag}: not used by mlx-embed-server" for flag in [
-        "-ngl", "--jinja", "--temp", "-s", "-fa", "-cb", "--no-webui", "--models-dir", "--lora", "-dev",
+        "-ngl", "--jinja", "--temp", "-fa", "-cb", "--no-webui", "--models-dir", "--lora", "-dev",
         "--reasoning-format", "--no-mmap", "--kv-unified", "--tools", "-hft"]]  # once per option
 
 
@@ -342,6 +343,23 @@ def test_ignored_options_with_and_without_values(caplog):
 ])
 def test_log_colors_value_is_optional(argv, model):
     assert parse(argv).model == model
+
+
+@pytest.mark.parametrize(("value", "seed"), [
+    ("42", 42), ("-1", 4294967295), ("4294967295", 4294967295), ("4294967296", 0), ("-2", 4294967294),
+    (" +7x", 7),  # std::stoul: leading blanks, a sign, trailing garbage dropped
+])
+def test_seed_is_read_as_llama_reads_it(value, seed):
+    assert parse(["--seed", value]).seed == seed
+    assert parse(["-s", value]).seed == seed
+
+
+def test_seed_defaults_to_llamas_and_refuses_what_stoul_refuses(tmp_path):
+    assert parse().seed == 4294967295  # LLAMA_DEFAULT_SEED
+    assert parse(files=[ini(tmp_path, "c.ini", "seed = 3\n")]).seed == 3
+    for bad in ("x", "", str(2**64)):
+        with pytest.raises(SettingsError):
+            parse(["--seed", bad])
 
 
 def test_ignored_options_env_is_not_read():

@@ -39,7 +39,8 @@ def test_checks_run_in_llama_order():
 
 
 def test_render_llama_shape_pooled_and_per_token():
-    result = EmbedResult(vectors=[np.array([3.0, 4.0], np.float32), np.array([[1.0, 2.0], [3.0, 4.0]], np.float32)],
+    # the engine's finished vectors (L2-normalized [3, 4]; per-token rows as they are)
+    result = EmbedResult(vectors=[np.array([0.6, 0.8], np.float32), np.array([[1.0, 2.0], [3.0, 4.0]], np.float32)],
                          n_tokens=[1, 2])
     body = render_embeddings_response(parse({"content": "a"}), result, "m")
     assert orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY) == (
@@ -48,7 +49,7 @@ def test_render_llama_shape_pooled_and_per_token():
 
 
 def test_render_oai_base64_is_little_endian_float32_with_padding():
-    result = EmbedResult(vectors=[np.array([3.0, 4.0], np.float32)], n_tokens=[5])
+    result = EmbedResult(vectors=[np.array([0.6, 0.8], np.float32)], n_tokens=[5])
     body = render_embeddings_response(parse({"input": "a", "encoding_format": "base64", "model": "q"}), result, "m")
     item = body["data"][0]
     assert item["embedding"] == base64.b64encode(struct.pack("<2f", 0.6, 0.8)).decode()

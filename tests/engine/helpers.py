@@ -138,3 +138,82 @@ def byte_level_bpe(corpus: list[str], specials: list[str], vocab_size: int):
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(corpus, trainer)
     return tok
+
+
+# Varied inputs for the encoder families: one word, punctuation, accents / CJK / emoji, code, the empty text, and
+# one of about 150 tokens (past the 128-token reach of MPNet's and T5's relative position buckets).
+ENCODER_TEXTS = [
+    "hello",
+    "The quick brown fox jumps over the lazy dog.",
+    "Café, naïve, 東京, Москва, 🙂 and 42 numbers!",
+    "def f(x):\n    return x ** 2  # square",
+    " ".join(f"Sentence {i} talks about planets, orbits and the reddish dust of Mars." for i in range(10)),
+    "",
+]
+
+
+def save_sentence_transformer(backbone: Path, out: Path, *, pooling: str = "mean",
+                              dense: tuple[tuple[int, int] | tuple[int, int, bool, bool], ...] = (),
+                              normalize: bool = True, prompts: dict[str, str] | None = None, seed: int = 11) -> Path:
+    """A transformers folder -> the sentence-transformers folder layout: Transformer, Pooling, Dense modules with
+    random weights ((in, out): bias-free, Identity; (in, out, bias, tanh) otherwise), Normalize; `prompts` in
+    config_sentence_transformers.json."""
+    t = torch()
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Dense, Normalize, Pooling, Transformer
+
+    t.manual_seed(seed)
+    first = Transformer(str(backbone))
+    modules = [first, Pooling(first.get_embedding_dimension(), pooling)]
+    for d_in, d_out, bias, tanh in ((*spec, False, False)[:4] for spec in dense):
+        modules.append(Dense(d_in, d_out, bias=bias, activation_function=t.nn.Tanh() if tanh else t.nn.Identity()))
+    modules += [Normalize()] if normalize else []
+    SentenceTransformer(modules=modules, device="cpu", prompts=prompts).save(str(out))
+    return out
+
+
+def family_hidden(family, folder: Path, ids: list[int]) -> np.ndarray:
+    """A family's Model built from `folder`'s config.json and weights, run on one unpadded input -> [n, D]."""
+    import mlx.core as mx
+
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    model = family.Model(family.ModelArgs.from_dict(config))
+    model.load_weights(list(model.sanitize(mx.load(str(folder / "model.safetensors"))).items()))
+    return np.array(model(mx.array([ids]), mx.ones((1, len(ids)), dtype=mx.int32))[0])
+
+
+def sentencepiece_unigram(corpus: list[str], specials: list[str], vocab_size: int, unk: str = "<unk>",
+                          template: tuple[str, str] | None = None):
+    """A `tokenizers` SentencePiece-style Unigram (T5 / CamemBERT / XLM-R style: whitespace split, Metaspace "▁"
+    always prepended) trained on `corpus`, `specials` first (ids 0, 1, ...). template: the (single, pair)
+    TemplateProcessing strings over those specials."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.Unigram())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")])
+    tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
+    tok.train_from_iterator(corpus, trainers.UnigramTrainer(vocab_size=vocab_size, special_tokens=specials,
+                                                            unk_token=unk))
+    if template is not None:
+        used = {t for part in template for t in part.split() if t in specials}
+        tok.post_processor = processors.TemplateProcessing(
+            single=template[0], pair=template[1], special_tokens=[(t, tok.token_to_id(t)) for t in sorted(used)])
+    return tok
+
+
+def train_spiece(folder: Path, texts: list[str], vocab_size: int) -> Path:
+    """folder/spiece.model: a SentencePiece unigram trained on `texts` with T5's / SigLIP's specials (<pad> 0,
+    </s> 1, <unk> 2, no <s>); the vocabulary may stay below vocab_size on a small corpus."""
+    import sentencepiece
+
+    folder.mkdir(parents=True, exist_ok=True)
+    corpus = folder / "corpus.txt"
+    corpus.write_text("\n".join(texts), encoding="utf-8")
+    sentencepiece.SentencePieceTrainer.train(
+        input=str(corpus), model_prefix=str(folder / "spiece"), vocab_size=vocab_size, hard_vocab_limit=False,
+        model_type="unigram", pad_id=0, eos_id=1, unk_id=2, bos_id=-1, pad_piece="<pad>", eos_piece="</s>",
+        unk_piece="<unk>", minloglevel=2)
+    corpus.unlink()
+    (folder / "spiece.vocab").unlink()
+    return folder / "spiece.model"

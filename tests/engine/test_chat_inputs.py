@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from engine import checkpoint
+from engine.loading import formats
 from engine.text.chat_inputs import ChatInputs
 from engine.errors import UnsupportedCheckpoint
 from tests.conftest import minilm_dir
@@ -28,7 +29,7 @@ def folder(root: Path, *, template: str | list, message: dict, chat_kwargs: dict
     if chat_kwargs:
         sbert["processing_kwargs"] = {"chat_template": chat_kwargs}
     (root / "sentence_bert_config.json").write_text(json.dumps(sbert))
-    return checkpoint.read(root)
+    return formats.open_checkpoint(root)
 
 
 def transformers_render(template: str, messages: list, **kwargs) -> str:

@@ -1,5 +1,5 @@
-"""engine/checkpoint.py: finding a checkpoint and reading its configuration files (both sentence-transformers
-layouts), and what the Engine makes of them."""
+"""Finding a checkpoint (engine/loading/hub.py) and reading its configuration files (engine/loading/safetensors.py,
+both sentence-transformers layouts, into engine/checkpoint.py's record), and what the Engine makes of them."""
 from __future__ import annotations
 
 import json
@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from engine import Pooling, checkpoint
+from engine.loading import formats, hub, safetensors
 from engine.errors import CheckpointNotFound, UnsupportedCheckpoint
 from tests.engine.helpers import cosine, hf_hidden, load_hf_model, make_random_bert, start_engine
 
@@ -17,7 +18,7 @@ BERT_CONFIG = {"model_type": "bert", "architectures": ["BertModel"], "vocab_size
 
 
 def write_folder(root: Path, files: dict[str, object]) -> Path:
-    """A checkpoint folder made of JSON (or text) files only: enough for checkpoint.read()."""
+    """A checkpoint folder made of JSON (or text) files only: enough for formats.open_checkpoint()."""
     for rel, content in {"config.json": BERT_CONFIG, **files}.items():
         target = root / rel
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -28,39 +29,39 @@ def write_folder(root: Path, files: dict[str, object]) -> Path:
 # -- resolve ------------------------------------------------------------------------------------------------
 def test_resolve_local_folder(tmp_path):
     folder = write_folder(tmp_path, {})
-    assert checkpoint.resolve(str(folder), None, offline=True) == folder
+    assert hub.resolve(str(folder), None, offline=True) == folder
 
 
 def test_resolve_missing_folder(tmp_path):
     missing = tmp_path / "does-not-exist"
     with pytest.raises(CheckpointNotFound, match="does-not-exist"):
-        checkpoint.resolve(str(missing), None, offline=True)
+        hub.resolve(str(missing), None, offline=True)
 
 
 def test_resolve_folder_without_config(tmp_path):
     (tmp_path / "model.safetensors").write_bytes(b"")
     with pytest.raises(CheckpointNotFound, match="config.json"):
-        checkpoint.resolve(str(tmp_path), None, offline=True)
+        hub.resolve(str(tmp_path), None, offline=True)
 
 
 def test_resolve_nothing_given():
     with pytest.raises(CheckpointNotFound):
-        checkpoint.resolve(None, None, offline=True)
+        hub.resolve(None, None, offline=True)
 
 
 def test_resolve_unknown_hub_repo_offline(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     with pytest.raises(CheckpointNotFound, match="no-such-org/no-such-model"):
-        checkpoint.resolve(None, "no-such-org/no-such-model:Q8_0", offline=True)
+        hub.resolve(None, "no-such-org/no-such-model:Q8_0", offline=True)
 
 
 def test_default_model_is_the_bundled_minilm(minilm_path):
-    assert Path(checkpoint.default_model()) == minilm_path
+    assert Path(hub.default_model()) == minilm_path
 
 
 # -- read: the published MiniLM layout ----------------------------------------------------------------------
 def test_read_minilm(minilm_path):
-    ck = checkpoint.read(minilm_path)
+    ck = formats.open_checkpoint(minilm_path)
     assert ck.model_type == "bert"
     assert ck.architecture == "BertModel"
     # modules.json lists a 2_Normalize folder MiniLM does not ship: accepted
@@ -69,7 +70,7 @@ def test_read_minilm(minilm_path):
     assert ck.pooling is Pooling.MEAN  # old-style boolean keys
     assert ck.max_seq_length == 256  # sentence_bert_config.json wins over tokenizer_config's 512
     assert ck.tokenizer_config["model_max_length"] == 512
-    assert ck.weight_files() == [minilm_path / "model.safetensors"]
+    assert safetensors.weight_files(ck.path) == [minilm_path / "model.safetensors"]
 
 
 # -- read: 1_Pooling in both styles ---------------------------------------------------------------------------
@@ -84,12 +85,12 @@ def test_read_minilm(minilm_path):
     ({"word_embedding_dimension": 64}, Pooling.MEAN),  # no mode set: sentence-transformers' default
 ])
 def test_read_pooling(tmp_path, cfg, expected):
-    ck = checkpoint.read(write_folder(tmp_path, {"1_Pooling/config.json": cfg}))
+    ck = formats.open_checkpoint(write_folder(tmp_path, {"1_Pooling/config.json": cfg}))
     assert ck.pooling is expected
 
 
 def test_no_pooling_file_leaves_it_to_the_family(tmp_path):
-    assert checkpoint.read(write_folder(tmp_path, {})).pooling is None
+    assert formats.open_checkpoint(write_folder(tmp_path, {})).pooling is None
 
 
 @pytest.mark.parametrize("cfg, named", [
@@ -102,14 +103,14 @@ def test_no_pooling_file_leaves_it_to_the_family(tmp_path):
 def test_unsupported_pooling_is_refused_by_name(tmp_path, cfg, named):
     folder = write_folder(tmp_path, {"1_Pooling/config.json": cfg})
     with pytest.raises(UnsupportedCheckpoint, match=named):
-        checkpoint.read(folder)
+        formats.open_checkpoint(folder)
 
 
 # -- read: modules.json ---------------------------------------------------------------------------------------
 def test_sentence_transformers_6_module_paths_are_understood(tmp_path):
     modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.base.modules.Transformer"},
                {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.base.modules.Pooling"}]
-    ck = checkpoint.read(write_folder(tmp_path, {"modules.json": modules}))
+    ck = formats.open_checkpoint(write_folder(tmp_path, {"modules.json": modules}))
     assert ck.module_types == ("Transformer", "Pooling")
 
 
@@ -120,7 +121,7 @@ def test_every_configuration_file_is_read_once(tmp_path, monkeypatch):
     reads: list[str] = []
     real = Path.read_text
     monkeypatch.setattr(Path, "read_text", lambda self, *a, **kw: reads.append(self.name) or real(self, *a, **kw))
-    ck = checkpoint.read(folder)
+    ck = formats.open_checkpoint(folder)
     assert (ck.module_types, ck.dense_folders, ck.max_seq_length) == (("Transformer", "Dense"), (folder / "2_Dense",), 64)
     assert sorted(reads) == sorted(set(reads)) and {"modules.json", "sentence_bert_config.json"} <= set(reads)
 
@@ -130,7 +131,7 @@ def test_unknown_module_type_is_refused_by_name(tmp_path):
                {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
                {"idx": 2, "name": "2", "path": "2_LSTM", "type": "sentence_transformers.models.LSTM"}]
     with pytest.raises(UnsupportedCheckpoint, match=r"sentence_transformers\.models\.LSTM"):
-        checkpoint.read(write_folder(tmp_path, {"modules.json": modules}))
+        formats.open_checkpoint(write_folder(tmp_path, {"modules.json": modules}))
 
 
 # -- read: max_seq_length --------------------------------------------------------------------------------------
@@ -142,16 +143,22 @@ def test_unknown_module_type_is_refused_by_name(tmp_path):
     ({}, None),
 ])
 def test_read_max_seq_length(tmp_path, files, expected):
-    assert checkpoint.read(write_folder(tmp_path, files)).max_seq_length == expected
+    assert formats.open_checkpoint(write_folder(tmp_path, files)).max_seq_length == expected
 
 
 def test_read_prompts_and_their_default(tmp_path):
     prompts = {"search_query": "search_query: ", "search_document": "search_document: ", "none": ""}
     folder = write_folder(tmp_path, {"config_sentence_transformers.json": {
         "prompts": prompts, "default_prompt_name": "search_document"}})
-    ckpt = checkpoint.read(folder)
+    ckpt = formats.open_checkpoint(folder)
     assert (ckpt.prompts, ckpt.default_prompt_name) == (prompts, "search_document")
-    assert checkpoint.read(write_folder(tmp_path / "bare", {})).prompts == {}
+    assert formats.open_checkpoint(write_folder(tmp_path / "bare", {})).prompts == {}
+
+
+def test_pylate_prefixes_lead_the_query_and_document_prompts(tmp_path):
+    folder = write_folder(tmp_path, {"config_sentence_transformers.json": {
+        "prompts": {"query": "", "document": "passage: "}, "query_prefix": "[Q] ", "document_prefix": "[D] "}})
+    assert formats.open_checkpoint(folder).prompts == {"query": "[Q] ", "document": "[D] passage: "}
 
 
 @pytest.mark.parametrize("cfg,named", [
@@ -161,27 +168,27 @@ def test_read_prompts_and_their_default(tmp_path):
 ])
 def test_inconsistent_prompts_are_refused(tmp_path, cfg, named):
     with pytest.raises(UnsupportedCheckpoint, match=named):
-        checkpoint.read(write_folder(tmp_path, {"config_sentence_transformers.json": cfg}))
+        formats.open_checkpoint(write_folder(tmp_path, {"config_sentence_transformers.json": cfg}))
 
 
 def test_invalid_json_is_unsupported_and_named(tmp_path):
     folder = write_folder(tmp_path, {"tokenizer_config.json": "{not json"})
     with pytest.raises(UnsupportedCheckpoint, match="tokenizer_config.json"):
-        checkpoint.read(folder)
+        formats.open_checkpoint(folder)
 
 
 def test_weight_files_without_safetensors(tmp_path):
-    ck = checkpoint.read(write_folder(tmp_path, {}))
+    ck = formats.open_checkpoint(write_folder(tmp_path, {}))
     (tmp_path / "pytorch_model.bin").write_bytes(b"")
     with pytest.raises(UnsupportedCheckpoint, match="safetensors"):
-        ck.weight_files()
+        safetensors.weight_files(ck.path)
 
 
 def test_weight_files_from_a_sharded_index(tmp_path):
     index = {"weight_map": {"a": "model-00002-of-00002.safetensors", "b": "model-00001-of-00002.safetensors",
                             "c": "model-00001-of-00002.safetensors"}}
-    ck = checkpoint.read(write_folder(tmp_path, {"model.safetensors.index.json": index}))
-    assert ck.weight_files() == [tmp_path / "model-00001-of-00002.safetensors",
+    ck = formats.open_checkpoint(write_folder(tmp_path, {"model.safetensors.index.json": index}))
+    assert safetensors.weight_files(ck.path) == [tmp_path / "model-00001-of-00002.safetensors",
                                  tmp_path / "model-00002-of-00002.safetensors"]
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from engine import checkpoint
-from engine.loading import registry
+from engine.loading import formats, hub, registry, safetensors
 from engine.errors import UnsupportedCheckpoint
 
 ST_POOLING = {"1_Pooling/config.json": {"pooling_mode_lasttoken": True}}
@@ -23,7 +23,7 @@ def folder(root: Path, config: dict, files: dict | None = None) -> checkpoint.Ch
         target = root / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(json.dumps(content), encoding="utf-8")
-    return checkpoint.read(root)
+    return formats.open_checkpoint(root)
 
 
 @pytest.mark.parametrize("model_type,arch,kind", [
@@ -36,6 +36,14 @@ def folder(root: Path, config: dict, files: dict | None = None) -> checkpoint.Ch
     ("gte", "GteForSequenceClassification", registry.CROSS_ENCODER),
     ("nomic_bert", "NomicBertModel", registry.EMBEDDER),
     ("modernbert", "ModernBertForMaskedLM", registry.EMBEDDER),
+    ("mpnet", "MPNetForMaskedLM", registry.EMBEDDER),  # all-mpnet-base-v2
+    ("distilbert", "DistilBertModel", registry.EMBEDDER),
+    ("distilbert", "DistilBertForMaskedLM", registry.EMBEDDER),
+    ("roberta", "RobertaForMaskedLM", registry.EMBEDDER),  # all-distilroberta-v1
+    ("roberta", "RobertaForSequenceClassification", registry.CROSS_ENCODER),
+    ("camembert", "CamembertModel", registry.EMBEDDER),
+    ("camembert", "CamembertForSequenceClassification", registry.CROSS_ENCODER),
+    ("t5", "T5EncoderModel", registry.EMBEDDER),  # sentence-t5, gtr-t5
 ])
 @pytest.mark.parametrize("rank", [False, True])
 def test_encoders_are_what_their_architecture_says_in_either_mode(tmp_path, model_type, arch, kind, rank):
@@ -71,11 +79,11 @@ def test_a_sentence_transformers_export_of_a_causal_lm_is_an_embedder(tmp_path, 
 
 
 def test_unknown_model_type_lists_the_supported_ones(tmp_path):
-    ckpt = folder(tmp_path, {"model_type": "t5", "architectures": ["T5EncoderModel"]}, ST_MODULES)
+    ckpt = folder(tmp_path, {"model_type": "xlnet", "architectures": ["XLNetModel"]}, ST_MODULES)
     with pytest.raises(UnsupportedCheckpoint) as err:
         registry.kind_of(ckpt)
     message = str(err.value)
-    assert "model_type 't5' (T5EncoderModel) is not supported" in message
+    assert "model_type 'xlnet' (XLNetModel) is not supported" in message
     for family in ("bert", "gte", "modernbert", "nomic_bert", "qwen3", "xlm_roberta"):
         assert family in message
 
@@ -86,3 +94,52 @@ def test_unknown_architecture_of_a_known_family_lists_its_architectures(tmp_path
         registry.kind_of(ckpt)
     assert "architecture 'NewForQuestionAnswering' of model_type 'new' is not supported" in str(err.value)
     assert "NewForSequenceClassification" in str(err.value) and "NewModel" in str(err.value)
+
+
+# -- custom code (config.json's auto_map) and adapters ----------------------------------------------------------
+NOMIC_AUTO_MAP = {"AutoConfig": "nomic-ai/nomic-bert-2048--configuration_hf_nomic_bert.NomicBertConfig",
+                  "AutoModel": "nomic-ai/nomic-bert-2048--modeling_hf_nomic_bert.NomicBertModel",
+                  "AutoModelForSequenceClassification":
+                      "nomic-ai/nomic-bert-2048--modeling_hf_nomic_bert.NomicBertForSequenceClassification"}
+
+
+@pytest.mark.parametrize("model_type,arch,auto_map,rank", [
+    ("nomic_bert", "NomicBertModel", NOMIC_AUTO_MAP, False),  # nomic-embed-text: the class the family implements
+    ("new", "NewModel", {"AutoModel": "Alibaba-NLP/new-impl--modeling.NewModel"}, False),
+    ("new", "NewForSequenceClassification",
+     {"AutoModelForSequenceClassification": "Alibaba-NLP/new-impl--modeling.NewForSequenceClassification"}, True),
+    ("llama", "LlamaBidirectionalModel", {"AutoModel": "llama_bidirectional_model.LlamaBidirectionalModel"}, False),
+    ("bert", "BertModel", {"AutoTokenizer": ["tokenization_x.XTokenizer", None]}, False),  # no model class named
+])
+def test_custom_code_of_a_class_a_family_implements_is_served(tmp_path, model_type, arch, auto_map, rank):
+    ckpt = folder(tmp_path, {"model_type": model_type, "architectures": [arch], "auto_map": auto_map})
+    assert registry.kind_of(ckpt, rank=rank) in (registry.EMBEDDER, registry.CROSS_ENCODER)
+
+
+@pytest.mark.parametrize("model_type,arch,auto_map,kind_key,cls", [
+    # a fine-tune saved as BertModel over jina-embeddings-v2's own code (ALiBi, GLU feed-forward)
+    ("bert", "BertModel", {"AutoModel": "jinaai/jina-bert-implementation--modeling_bert.JinaBertModel"},
+     "AutoModel", "JinaBertModel"),
+    ("xlm-roberta", "XLMRobertaForSequenceClassification",
+     {"AutoModelForSequenceClassification": ["modeling_custom.CustomRerankerForSequenceClassification", None]},
+     "AutoModelForSequenceClassification", "CustomRerankerForSequenceClassification"),
+])
+def test_custom_code_of_an_unknown_class_is_refused_by_name(tmp_path, model_type, arch, auto_map, kind_key, cls):
+    ckpt = folder(tmp_path, {"model_type": model_type, "architectures": [arch], "auto_map": auto_map})
+    with pytest.raises(UnsupportedCheckpoint) as err:
+        registry.kind_of(ckpt, rank=kind_key != "AutoModel")
+    message = str(err.value)
+    assert f"auto_map has {kind_key} run the checkpoint's own code" in message
+    assert f"its class {cls} is not implemented here" in message
+    assert arch in message  # what the model type is served as
+
+
+def test_an_adapter_folder_is_refused_with_the_merge_instruction(tmp_path):
+    (tmp_path / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA"}), encoding="utf-8")
+    (tmp_path / "adapter_model.safetensors").write_bytes(b"")
+    for reader in (lambda: hub.resolve(str(tmp_path), None, True),  # no config.json (LLM2Vec, colSmol)
+                   lambda: safetensors.weight_files(folder(tmp_path, {"model_type": "bert"}).path)):  # beside a config
+        with pytest.raises(UnsupportedCheckpoint) as err:
+            reader()
+        assert "a PEFT adapter" in str(err.value)
+        assert "merge it into its base model (peft's merge_and_unload) and save the result first" in str(err.value)

@@ -11,8 +11,9 @@ import pytest
 from engine import Pooling
 from engine.errors import CheckpointNotFound, UnsupportedCheckpoint
 from engine.checkpoint import Checkpoint
-from engine.loading.gguf import checkpoint as gguf_checkpoint
+from engine.loading import weights
 from engine.loading.gguf import vocab
+from engine.loading.gguf.format import GGUFFormat, special_tokens
 from engine.loading.gguf.reader import GGUFFile
 from engine.loading.gguf.tokenizer import GGUFTokenizer
 from tests.conftest import gguf_fixture, minilm_dir, smollm2_gguf
@@ -36,7 +37,8 @@ def minilm_f16():
 def test_token_ids_equal_llama_server(name):
     path = smollm2_gguf() if name.startswith("SmolLM2") else gguf_fixture(f"{name}.gguf")
     # the tokenizer alone: SmolLM2's llama architecture needs the llama family, not its vocabulary
-    tok = GGUFTokenizer(Checkpoint(path=path, config={}, gguf=GGUFFile(path)))
+    gguf = GGUFFile(path)
+    tok = GGUFTokenizer(Checkpoint(path=path, config={}, format=GGUFFormat(gguf)), gguf)
     answers = llama_answers(name)
     ours = [tok.encode_prompt([s]) for s in answers["sentences"]]
     assert ours == answers["tokenize"]["ids"]
@@ -56,7 +58,7 @@ def _metadata(name: str) -> dict:
 @pytest.mark.parametrize("name", ALL_FILES)
 def test_special_tokens_are_llama_servers(name):
     """/props' bos_token and eos_token, as llama-server reported them for the same file."""
-    tokens = gguf_checkpoint.special_tokens(_metadata(name), name)
+    tokens = special_tokens(_metadata(name), name)
     props = llama_answers(name)["props"]
     assert (tokens["bos_token"], tokens["eos_token"]) == (props["bos_token"], props["eos_token"])
 
@@ -72,7 +74,7 @@ def test_special_ids_missing_from_the_metadata_take_llamas_defaults(name, bos, e
     tokens = meta["tokenizer.ggml.tokens"]
     rules = vocab.special_rules(meta, name)
     assert (rules.bos_id, rules.eos_id, rules.pad_id) == (bos, eos, pad)
-    assert gguf_checkpoint.special_tokens(meta, name) == {
+    assert special_tokens(meta, name) == {
         "bos_token": tokens[bos] if bos is not None else None, "eos_token": tokens[eos] if eos is not None else None,
         "pad_token": tokens[pad] if pad is not None else None}
     if meta["tokenizer.ggml.model"] == "bert":
@@ -84,7 +86,8 @@ def test_special_ids_missing_from_the_metadata_take_llamas_defaults(name, bos, e
 
 def test_rerank_prompt_follows_the_files_flags_and_truncates_longest_first():
     path = gguf_fixture("bert-tiny-ce-distilled-f32.gguf")
-    tok = GGUFTokenizer(Checkpoint(path=path, config={}, gguf=GGUFFile(path)))
+    gguf = GGUFFile(path)
+    tok = GGUFTokenizer(Checkpoint(path=path, config={}, format=GGUFFormat(gguf)), gguf)
     query, document = tok.encode("what is a cat", False, False), tok.encode("a cat is a small animal " * 4, False, False)
     ids, types = tok.encode_pair("what is a cat", "a cat is a small animal " * 4)
     # add_bos, add_eos, no add_sep: [CLS] q [SEP] d [SEP], as llama-server builds it; token types all 0
@@ -113,6 +116,8 @@ def test_minilm_identity_is_read_from_the_file(minilm_f16):
     assert (info.bos_token, info.eos_token) == ("[CLS]", "[SEP]")
     # llama.cpp counts every tensor of the file: elements and stored bytes
     assert info.n_params == 22565376 and info.size_bytes == 45586944
+    if weights.on_cpu():  # F16 is no block format; it computes in float32 (auto), which is what is resident
+        assert (info.weights, info.resident_bytes) == ("float32", 4 * info.n_params)
 
 
 @pytest.mark.parametrize("name, floor", [("minilm-q4_0", 0.9995), ("tiny-random-qwen3-last-f16", 0.99999),
@@ -122,8 +127,11 @@ def test_vectors_equal_llama_server(name, floor):
     if name.startswith("SmolLM2"):  # no pooling_type in the file: llama-server ran it with --pooling mean
         eng = start_engine(smollm2_gguf(), pooling=Pooling.MEAN, max_seq=64)
     else:
-        eng = start_engine(gguf_fixture(f"{name}.gguf"))
+        eng = start_engine(gguf_fixture(f"{name}.gguf"), keep_quantized=True)  # block formats: no effect
     try:
+        if ".Q" in name or "_q" in name:  # a block format: always dequantized, resident larger than the file
+            assert eng.info.weights.startswith("dequantized to ") and eng.info.weights.endswith(" at load")
+            assert eng.info.resident_bytes > eng.info.size_bytes
         ids = [eng.encode_prompt([s]) for s in answers["sentences"]]
         ours = eng.embed(ids).vectors
     finally:

@@ -46,5 +46,5 @@ def test_gemma3_q4_k_m_equals_llama_server(gemma):
     finally:
         eng.close(wait=True)
     assert ids == their_ids
-    # llama.cpp also quantizes the activations of its Q4_K/Q5_0 matmuls; the README's measured figure
+    # llama.cpp also quantizes the activations of its Q4_K/Q5_0 matmuls; docs/models.md's measured figure
     assert min(cosine(a, b) for a, b in zip(ours, theirs)) >= 0.998

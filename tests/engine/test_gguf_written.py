@@ -490,11 +490,12 @@ MODERNBERT_LAYER_NAMES = {"attn_norm": "attn_norm", "attn.Wqkv": "attn_qkv", "at
                           "mlp_norm": "ffn_norm", "mlp.Wi": "ffn_up", "mlp.Wo": "ffn_down"}
 
 
-def write_modernbert_gguf(path: Path):
+def write_modernbert_gguf(path: Path, head: dict[str, np.ndarray] | None = None):
     """A tiny random ModernBertModel as llama.cpp's converter writes one: arch `modern-bert`, a byte-level BPE
     vocabulary (pre `modern-bert`, [CLS] text [SEP] via add_bos/add_eos), the local window and global-layer period,
     both rope bases, mean pooling. 4 layers (global, local, local, global), window 16 on inputs far longer.
-    Returns (transformers model, HF tokenizer)."""
+    head: a ModernBertForSequenceClassification's head by GGUF name (`cls`, `cls.norm`, `cls.output`), written
+    with no pooling_type, as the converter writes a reranker. Returns (transformers model, HF tokenizer)."""
     t = torch()
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import ModernBertConfig, ModernBertModel, PreTrainedTokenizerFast
@@ -533,7 +534,8 @@ def write_modernbert_gguf(path: Path):
     writer.add_sliding_window_pattern(3)  # the hub config's global_attn_every_n_layers
     writer.add_rope_scaling_type(gguf.RopeScalingType.NONE)
     writer.add_vocab_size(len(vocab))
-    writer.add_pooling_type(gguf.PoolingType.MEAN)
+    if head is None:
+        writer.add_pooling_type(gguf.PoolingType.MEAN)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
     add_bpe_vocabulary(writer, tokenizer, "modern-bert", MODERNBERT_SPECIALS)
     add_encoder_specials(writer, vocab["[CLS]"], vocab["[SEP]"], vocab["[PAD]"], vocab["[UNK]"])
@@ -545,6 +547,8 @@ def write_modernbert_gguf(path: Path):
             module, kind = rest.rsplit(".", 1)
             name = f"blk.{index}.{MODERNBERT_LAYER_NAMES[module]}.{kind}"
         writer.add_tensor(name, value.numpy().astype(np.float32))
+    for name, value in (head or {}).items():
+        writer.add_tensor(name, value)
     finish(writer)
     return model, tokenizer
 
@@ -590,5 +594,3 @@ def test_modern_bert_gguf_layer_rules_and_refusals():
                        ({f"{arch}.hidden_activation": "silu"}, "hidden_activation 'silu'")):
         with pytest.raises(UnsupportedCheckpoint, match=match):
             modern_bert.config({**windowed, **bad}, arch, shapes)
-    with pytest.raises(UnsupportedCheckpoint, match="classifier GGUF"):
-        modern_bert.config(windowed, arch, {**shapes, "cls.output.weight": (64,)})

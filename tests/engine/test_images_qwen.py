@@ -216,7 +216,7 @@ def test_the_engine_bounds_dynamic_resolution_processors_only(processors, caplog
     a tile grid) is left alone and the log names the options it does not use."""
     from types import SimpleNamespace
 
-    from engine.runtime.engine import bound_image_tokens
+    from engine.runtime.loader import bound_image_tokens
     from engine.types import EngineOptions
 
     ours, _ = processors

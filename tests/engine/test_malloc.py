@@ -9,9 +9,9 @@ import resource
 import numpy as np
 import pytest
 
-from engine import Engine, EngineOptions, checkpoint, default_model
+from engine import Engine, EngineOptions, default_model
 from engine.runtime import malloc
-from engine.loading import registry
+from engine.loading import formats, hub
 from engine.compute.pipeline import EmbeddingPipeline
 from engine.types import Pooling
 
@@ -20,7 +20,7 @@ from engine.types import Pooling
                     reason="glibc's malloc settings; the bundled all-MiniLM-L6-v2")
 def test_passes_at_new_widths_do_not_fault_in_fresh_pages():
     assert malloc.description.startswith("glibc malloc keeps freed blocks")
-    pipeline = EmbeddingPipeline(registry.load(checkpoint.read(checkpoint.resolve(default_model(), None, False))).model,
+    pipeline = EmbeddingPipeline(formats.load(formats.open_checkpoint(hub.resolve(default_model(), None, False))).model,
                                  Pooling.MEAN)
 
     def run(rows: int, width: int) -> None:

@@ -94,6 +94,14 @@ def test_negative_p_with_zero_components():
     np.testing.assert_array_equal(out, llama_normalize(vec, -2))
 
 
+@pytest.mark.parametrize("p", [-3264409, -2000, 1000, 10**6])
+def test_a_p_norm_whose_sum_underflows_or_overflows_gives_zeros(p):
+    # components over 1 with a large negative p: the sum underflows to 0 and pow(0, 1/p) is inf in C (Python's
+    # 0.0 ** -x raised ZeroDivisionError, a 500); a large positive p overflows the sum to inf: a factor of 0 both ways
+    out = normalize_embedding(np.array([2.0, -3.0, 5.5], dtype=np.float32), p)
+    np.testing.assert_array_equal(out, np.zeros(3, dtype=np.float32))
+
+
 def test_empty_vector():
     for p in (-1, 0, 1, 2):
         assert normalize_embedding(np.zeros(0, dtype=np.float32), p).shape == (0,)

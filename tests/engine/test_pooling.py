@@ -1,6 +1,8 @@
 """engine/compute/pooling.py: every mode through the Engine on MiniLM vs transformers' AutoModel, plus pool() itself."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -8,6 +10,7 @@ import pytest
 from engine import Pooling
 from engine.compute import pooling
 from engine.errors import UnsupportedCheckpoint
+from engine.loading.registry import choose_pooling
 from tests.engine.helpers import cosine, hf_hidden, load_hf_model, start_engine
 
 TEXTS = [
@@ -119,8 +122,14 @@ def test_pool_refuses_modes_without_one_vector():
             pooling.pool(h, m, mode)
 
 
-def test_resolve_precedence():
-    assert pooling.resolve(Pooling.CLS, Pooling.MEAN, Pooling.LAST) is Pooling.CLS  # flag wins
-    assert pooling.resolve(None, Pooling.MAX, Pooling.MEAN) is Pooling.MAX  # then 1_Pooling
-    assert pooling.resolve(None, None, Pooling.LAST) is Pooling.LAST  # then the family default
-    assert pooling.resolve(Pooling.NONE, Pooling.MEAN, Pooling.MEAN) is Pooling.NONE
+def test_choose_pooling_precedence():
+    def chosen(flag, stored, default):
+        checkpoint = SimpleNamespace(pooling=stored, path="model")
+        loaded = SimpleNamespace(multi_vector=False, pools_itself=False, default_pooling=default, family="bert")
+        return choose_pooling(flag, checkpoint, loaded)
+
+    assert chosen(Pooling.CLS, Pooling.MEAN, Pooling.LAST) is Pooling.CLS  # flag wins
+    assert chosen(None, Pooling.MAX, Pooling.MEAN) is Pooling.MAX  # then 1_Pooling
+    assert chosen(None, None, Pooling.LAST) is Pooling.LAST  # then the family default
+    assert chosen(Pooling.NONE, Pooling.MEAN, Pooling.MEAN) is Pooling.NONE
+    assert chosen(Pooling.RANK, Pooling.MEAN, Pooling.MEAN) is Pooling.RANK  # rank mode: the reranker's head

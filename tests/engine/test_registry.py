@@ -10,8 +10,8 @@ import pytest
 from mlx.utils import tree_flatten
 from safetensors.numpy import load_file, save_file
 
-from engine import Pooling, checkpoint
-from engine.loading import registry
+from engine import Pooling
+from engine.loading import formats, registry
 from engine.errors import UnsupportedCheckpoint
 from tests.engine.helpers import hf_hidden, load_hf_model, make_random_bert
 
@@ -33,7 +33,7 @@ def _edit_config(folder, **changes):
 
 
 def test_minilm_loads(minilm_path):
-    loaded = registry.load(checkpoint.read(minilm_path))
+    loaded = formats.load(formats.open_checkpoint(minilm_path))
     assert loaded.family == "bert"
     assert loaded.kind == registry.EMBEDDER
     assert loaded.ftype == "F32"
@@ -48,12 +48,12 @@ def test_minilm_loads(minilm_path):
 def test_unsupported_model_type_is_named(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "architectures": ["GPT2Model"]}))
     with pytest.raises(UnsupportedCheckpoint, match="gpt2"):
-        registry.load(checkpoint.read(tmp_path))
+        formats.load(formats.open_checkpoint(tmp_path))
 
 
 def test_model_type_alias(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "xlm-roberta"}))
-    assert registry.family_name(checkpoint.read(tmp_path)) == "xlm_roberta"
+    assert registry.family_name(formats.open_checkpoint(tmp_path)) == "xlm_roberta"
 
 
 @pytest.mark.parametrize("arch, kind", [("BertModel", registry.EMBEDDER), ("BertForMaskedLM", registry.EMBEDDER),
@@ -62,21 +62,21 @@ def test_model_type_alias(tmp_path):
 def test_kind_of_bert_architectures(tmp_path, arch, kind):
     cfg = {"model_type": "bert", **({"architectures": [arch]} if arch else {})}
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    assert registry.kind_of(checkpoint.read(tmp_path)) == kind
+    assert registry.kind_of(formats.open_checkpoint(tmp_path)) == kind
 
 
 def test_unserved_architecture_is_named(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert",
                                                       "architectures": ["BertForTokenClassification"]}))
     with pytest.raises(UnsupportedCheckpoint, match="BertForTokenClassification"):
-        registry.kind_of(checkpoint.read(tmp_path))
+        registry.kind_of(formats.open_checkpoint(tmp_path))
 
 
 def test_weights_that_do_not_match_the_config_are_refused(tmp_path, random_bert):
     folder = _clone(random_bert, tmp_path / "mismatch")
     _edit_config(folder, num_hidden_layers=3)  # the file only has 2 layers
     with pytest.raises(UnsupportedCheckpoint, match="do not match"):
-        registry.load(checkpoint.read(folder))
+        formats.load(formats.open_checkpoint(folder))
 
 
 def test_missing_weights_file_is_refused(tmp_path):
@@ -84,7 +84,7 @@ def test_missing_weights_file_is_refused(tmp_path):
         "model_type": "bert", "architectures": ["BertModel"], "vocab_size": 8, "hidden_size": 8,
         "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 16}))
     with pytest.raises(UnsupportedCheckpoint, match="model.safetensors"):
-        registry.load(checkpoint.read(tmp_path))
+        formats.load(formats.open_checkpoint(tmp_path))
 
 
 def test_half_precision_checkpoint_runs_in_fp32(tmp_path, random_bert):
@@ -92,7 +92,7 @@ def test_half_precision_checkpoint_runs_in_fp32(tmp_path, random_bert):
     weights = load_file(str(folder / "model.safetensors"))
     save_file({k: (v.astype(np.float16) if v.dtype == np.float32 else v) for k, v in weights.items()},
               str(folder / "model.safetensors"), metadata={"format": "pt"})
-    loaded = registry.load(checkpoint.read(folder))
+    loaded = formats.load(formats.open_checkpoint(folder))
     assert loaded.ftype == "F16"
     assert {p.dtype for _, p in tree_flatten(loaded.model.parameters())} == {mx.float32}
     # Same numbers as transformers on the fp16-rounded weights, upcast to fp32.
@@ -104,8 +104,8 @@ def test_half_precision_checkpoint_runs_in_fp32(tmp_path, random_bert):
 
 def test_idefics3_serves_colidefics3_only(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "idefics3", "architectures": ["ColIdefics3"]}))
-    assert registry.kind_of(checkpoint.read(tmp_path)) == registry.EMBEDDER
+    assert registry.kind_of(formats.open_checkpoint(tmp_path)) == registry.EMBEDDER
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "idefics3",
                                                       "architectures": ["Idefics3ForConditionalGeneration"]}))
     with pytest.raises(UnsupportedCheckpoint, match=r"'Idefics3ForConditionalGeneration'.*\(supported: ColIdefics3\)"):
-        registry.kind_of(checkpoint.read(tmp_path))
+        registry.kind_of(formats.open_checkpoint(tmp_path))

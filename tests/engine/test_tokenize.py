@@ -6,7 +6,8 @@ import shutil
 import pytest
 from tokenizers import Tokenizer
 
-from engine import VocabType, checkpoint
+from engine import VocabType
+from engine.loading import formats
 from engine.text.tokenizer import TextTokenizer
 
 CLS, SEP, PAD = 101, 102, 0
@@ -16,7 +17,7 @@ TEXTS = ["hello", "Hello World!", "unaffable antidisestablishmentarianism", "Caf
 
 @pytest.fixture(scope="module")
 def tok(minilm_path):
-    return TextTokenizer(checkpoint.read(minilm_path))
+    return TextTokenizer(formats.open_checkpoint(minilm_path))
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +117,7 @@ def test_encode_pair_matches_transformers(tok, hf_tok):
 def test_checkpoint_without_tokenizer_json_is_converted(tmp_path, minilm_path, tok):
     for name in ("config.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json"):
         shutil.copy(minilm_path / name, tmp_path / name)
-    converted = TextTokenizer(checkpoint.read(tmp_path))
+    converted = TextTokenizer(formats.open_checkpoint(tmp_path))
     assert converted.n_vocab == tok.n_vocab
     assert converted.trailing_specials == [SEP]
     for text in TEXTS:
@@ -143,3 +144,39 @@ def test_batched_pairs_match_transformers(tok, hf_tok):
         kwargs = {} if max_length is None else {"truncation": "longest_first", "max_length": max_length}
         encs = [hf_tok("what is a cat?", doc, **kwargs) for doc in docs]
         assert got == [(enc["input_ids"], enc["token_type_ids"]) for enc in encs]
+
+
+@pytest.mark.parametrize("limit", [3, 5, 12])
+@pytest.mark.parametrize("text", ["unaffable antidisestablishmentarianism and more words here", "word " * 40])
+def test_truncate_left_matches_the_tokenizer_library(tok, minilm_path, text, limit):
+    """TEI's truncation_direction Left: `tokenizers` cutting from the left, then adding [CLS]/[SEP]."""
+    reference = Tokenizer.from_file(str(minilm_path / "tokenizer.json"))
+    reference.no_padding()
+    reference.enable_truncation(limit, direction="left")
+    want = reference.encode(text).ids
+    assert tok.truncate(tok.encode(text), limit, "left") == want
+    assert tok.leading_specials == [CLS]
+    reference.enable_truncation(limit, direction="right")
+    assert tok.truncate(tok.encode(text), limit) == reference.encode(text).ids
+
+
+@pytest.mark.parametrize("text", ["Café naïve 東京 🙂", "Hello World!", "a [SEP] b"])
+@pytest.mark.parametrize("add_special", [True, False])
+def test_token_spans_are_utf8_byte_offsets(tok, text, add_special):
+    """TEI's /tokenize tokens: each non-special token's text is the UTF-8 bytes its offsets cover."""
+    spans = tok.token_spans(text, add_special)
+    assert [s.id for s in spans] == tok.encode(text, add_special)
+    raw = text.encode("utf-8")
+    for span in spans:
+        if span.special:
+            assert (span.start, span.stop) == (None, None)
+            assert span.text in ("[CLS]", "[SEP]")
+        else:
+            assert raw[span.start:span.stop].decode("utf-8") == span.text
+    assert [s.special for s in spans] == [s.id in (CLS, SEP) for s in spans]
+
+
+def test_decode_skip_special(tok):
+    ids = tok.encode("Hello World!")
+    assert tok.decode(ids) == "[CLS] hello world! [SEP]"
+    assert tok.decode(ids, skip_special=True) == "hello world!"

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-from engine import Pooling, checkpoint
-from engine.loading import registry, weights
+from engine import Pooling
+from engine.loading import formats, weights
 from engine.errors import UnsupportedCheckpoint
 from tests.engine.families.decoder_fixture import MIN_COSINE, TEXTS, reference_hidden, save_random, token_lists
 from tests.engine.families.test_gemma3_text import GEMMA, save_sentence_transformer
@@ -31,7 +31,7 @@ def quantize_folder(src: Path, out: Path, bits: int, keep_float: tuple[str, ...]
 
     keep_float: layer paths left unquantized (mlx-lm's per-layer `false`). Returns every quantized layer's
     dequantized weight by its `model.` key, for the reference."""
-    loaded = registry.load(checkpoint.read(src))
+    loaded = formats.load(formats.open_checkpoint(src))
     tensors = dict(tree_flatten(loaded.model.parameters()))
     if loaded.projection is not None:
         tensors.update({k: v for k, v in tree_flatten(loaded.projection.parameters())})
@@ -78,38 +78,74 @@ def llama_float(tmp_path_factory):
 
 
 @pytest.mark.parametrize("bits", [4, 8])
-def test_quantized_llama_matches_transformers_on_its_dequantized_weights(llama_float, tmp_path, bits):
+def test_quantized_llama_matches_transformers_on_its_dequantized_weights_both_ways(llama_float, tmp_path, bits):
+    """Dequantized at load (a CPU's default) and on MLX's quantized kernels (--keep-quantized; a GPU's default):
+    the same dequantized math, so the vectors agree with each other and with transformers on those weights."""
     src = llama_float
     ref = load_hf_model(src, "AutoModelForCausalLM")  # a fresh copy: its weights are replaced below
     dequantized = quantize_folder(src, tmp_path / f"q{bits}", bits)
     assert "model.embed_tokens.weight" in dequantized  # the embedding table is quantized too
     load_dequantized(ref, dequantized)
     lists = token_lists(src)
-    eng = start_engine(tmp_path / f"q{bits}", pooling=Pooling.NONE)
-    try:
-        info = eng.info
-        ours = eng.embed(lists).vectors
-    finally:
-        eng.close()
-    for ids, got in zip(lists, ours, strict=True):
-        ref_hidden = reference_hidden(ref, ids)
-        assert min(cosine(a, b) for a, b in zip(got, ref_hidden)) >= MIN_COSINE
+    runs = {}
+    for keep in (False, True):
+        eng = start_engine(tmp_path / f"q{bits}", pooling=Pooling.NONE, keep_quantized=keep)
+        try:
+            runs[keep] = eng.info, eng.embed(lists).vectors
+        finally:
+            eng.close()
+    for _, ours in runs.values():
+        for ids, got in zip(lists, ours, strict=True):
+            ref_hidden = reference_hidden(ref, ids)
+            assert min(cosine(a, b) for a, b in zip(got, ref_hidden)) >= MIN_COSINE
+    for float_rows, kernel_rows in zip(runs[False][1], runs[True][1], strict=True):
+        assert min(cosine(a, b) for a, b in zip(float_rows, kernel_rows)) >= 0.99999
     # the float model is visibly different: the comparison above checks the quantized arithmetic
     float_ref = load_hf_model(src, "AutoModelForCausalLM")
-    assert min(cosine(a, b) for a, b in zip(ours[2], reference_hidden(float_ref, lists[2]))) < MIN_COSINE
-    float_info = registry.load(checkpoint.read(src))
-    assert info.ftype == f"MLX_Q{bits}_G{GROUP}/F32"
-    assert info.n_params == float_info.n_params  # the values it encodes, not packed words
-    assert info.size_bytes < float_info.size_bytes * (0.3 if bits == 4 else 0.45)
+    assert min(cosine(a, b) for a, b in zip(runs[False][1][2], reference_hidden(float_ref, lists[2]))) < MIN_COSINE
+    float_info = formats.load(formats.open_checkpoint(src))
+    dense_info, kernel_info = runs[False][0], runs[True][0]
+    assert kernel_info.weights == "quantized kernels"
+    assert dense_info.weights == ("dequantized to float32 at load" if weights.on_cpu() else "quantized kernels")
+    for info in (dense_info, kernel_info):
+        assert info.ftype == f"MLX_Q{bits}_G{GROUP}/F32"  # what the checkpoint stores, either way
+        assert info.n_params == float_info.n_params  # the values it encodes, not packed words
+        assert info.resident_bytes == info.size_bytes
+    assert kernel_info.size_bytes < float_info.size_bytes * (0.3 if bits == 4 else 0.45)
+    if weights.on_cpu():  # dequantized to float32: as large as the float folder
+        assert dense_info.size_bytes == float_info.size_bytes > kernel_info.size_bytes
+    assert float_info.weights == "float32"
 
 
 def test_layers_kept_float_stay_float(llama_float, tmp_path):
     src = llama_float
     quantize_folder(src, tmp_path / "mixed", 4, keep_float=("model.layers.0.mlp.down_proj",))
-    model = registry.load(checkpoint.read(tmp_path / "mixed")).model
+    ckpt = formats.open_checkpoint(tmp_path / "mixed")
+    model = formats.load(ckpt, keep_quantized=True).model
     assert isinstance(model.model.layers[0].mlp.down_proj, nn.Linear)
     assert isinstance(model.model.layers[1].mlp.down_proj, nn.QuantizedLinear)
     assert isinstance(model.model.embed_tokens, nn.QuantizedEmbedding)
+    if weights.on_cpu():  # dequantized at load: plain layers only, the float one untouched
+        model = formats.load(ckpt).model
+        quantized = [path for path, layer in model.named_modules()
+                     if isinstance(layer, (nn.QuantizedLinear, nn.QuantizedEmbedding))]
+        assert quantized == []
+        assert isinstance(model.model.embed_tokens, nn.Embedding)
+        assert model.model.layers[1].mlp.down_proj.weight.dtype == mx.float32
+        raw = mx.load(str(src / "model.safetensors"))
+        kept = model.model.layers[0].mlp.down_proj.weight
+        assert np.array_equal(np.array(kept), np.array(raw["model.layers.0.mlp.down_proj.weight"]))
+
+
+def test_dequantizing_refuses_scales_on_a_layer_that_cannot_be_quantized(llama_float, tmp_path):
+    folder = tmp_path / "odd"
+    quantize_folder(llama_float, folder, 4)
+    tensors = mx.load(str(folder / "model.safetensors"))
+    tensors["model.norm.scales"] = mx.ones((4,))
+    mx.save_safetensors(str(folder / "model.safetensors"), tensors)
+    for keep in (False, True):
+        with pytest.raises(UnsupportedCheckpoint, match="cannot be quantized: model.norm"):
+            formats.load(formats.open_checkpoint(folder), keep_quantized=keep)
 
 
 def test_quantized_embeddinggemma_mlx_layout_matches_sentence_transformers_dequantized(tmp_path):
@@ -152,7 +188,7 @@ def test_compute_dtype_is_float32_on_a_cpu_unless_forced(llama_float):
     assert weights.compute_dtype("float16", half) == mx.float16
     with pytest.raises(UnsupportedCheckpoint, match="'float8'"):
         weights.compute_dtype("float8", half)
-    loaded = registry.load(checkpoint.read(llama_float), dtype="bfloat16")
+    loaded = formats.load(formats.open_checkpoint(llama_float), dtype="bfloat16")
     assert loaded.model.model.layers[0].self_attn.q_proj.weight.dtype == mx.bfloat16
     assert loaded.ftype == "F32"  # what the checkpoint stores, not what it computes in
 

@@ -1,25 +1,28 @@
-"""Start the real server as a subprocess on a loopback port and speak HTTP to it."""
+"""Start the real server as a subprocess on a loopback port and speak HTTP to it.
+
+The process plumbing (start, wait for GET /health, stop, the log) is benchmarks/harness.py's ServerProcess,
+the one the benchmarks use; this module owns what the tests add to it: the `compat.cli` command line built
+from the test's flags, a clean environment with a private config home, the log in a temporary file, request
+helpers, and the payload helpers for multimodal inputs. benchmarks/harness.py imports only the standard
+library and numpy at load time, so the test extras (no psutil) suffice.
+"""
 from __future__ import annotations
 
 import base64
 import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import requests
 
+from benchmarks.harness import HOST, free_port
+from benchmarks.harness import ServerProcess as _ServerProcess
+
 ROOT = Path(__file__).resolve().parents[2]
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+__all__ = ["ROOT", "ServerProcess", "b64", "clean_env", "free_port", "image_part", "run_cli"]
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -32,41 +35,30 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
-class ServerProcess:
+class ServerProcess(_ServerProcess):
+    """`python -m compat.cli` with the given flags (plus --host/--port unless host_args=False), in a clean
+    environment; `with ServerProcess(...) as srv` starts it, waits until ready and stops it."""
+
     def __init__(self, *args: str, env: dict[str, str] | None = None, host_args: bool = True,
                  cwd: Path | None = None):
-        self.port = free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        net = ["--host", "127.0.0.1", "--port", str(self.port)] if host_args else []
-        self.argv = [sys.executable, "-m", "compat.cli", *net, *args]
-        self.env = env if env is not None else clean_env()
-        self.log = tempfile.NamedTemporaryFile(prefix="mlx-embed-log-", suffix=".txt", delete=False)
-        self.proc: subprocess.Popen | None = None
-        self.cwd = cwd or ROOT
+        port = free_port()
+        net = ["--host", HOST, "--port", str(port)] if host_args else []
+        env = env if env is not None else clean_env()
         if cwd is not None:  # started elsewhere (relative -m paths), the sources still come from the repository
-            self.env = {**self.env, "PYTHONPATH": str(ROOT)}
+            env = {**env, "PYTHONPATH": str(ROOT)}
+        log = tempfile.NamedTemporaryFile(prefix="mlx-embed-log-", suffix=".txt", delete=False)
+        super().__init__([sys.executable, "-m", "compat.cli", *net, *args], port, log, cwd=cwd or ROOT, env=env,
+                         stdin=None)
 
     def start(self, wait: bool = True, timeout: float = 90) -> "ServerProcess":
-        self.proc = subprocess.Popen(self.argv, cwd=self.cwd, env=self.env, stdout=self.log, stderr=subprocess.STDOUT)
+        super().start()
         if wait:
             self.wait_ready(timeout)
         return self
 
-    def output(self) -> str:
-        return Path(self.log.name).read_text(errors="replace")
-
     def wait_ready(self, timeout: float = 90, headers: dict | None = None) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.output()}")
-            try:
-                if requests.get(self.base + "/health", timeout=2, headers=headers).status_code == 200:
-                    return
-            except requests.ConnectionError:
-                pass
-            time.sleep(0.02)
-        raise TimeoutError(f"server not ready in {timeout} s:\n{self.output()}")
+        # a probe that times out (a loaded machine, a load holding the GIL) is tried again, as a refused connection is
+        super().wait_ready(timeout, probe_timeout=2, headers=headers, retry=(requests.ConnectionError, requests.Timeout))
 
     def get(self, path: str, **kw) -> requests.Response:
         return requests.get(self.base + path, timeout=60, **kw)
@@ -75,13 +67,7 @@ class ServerProcess:
         return requests.post(self.base + path, json=json, timeout=120, **kw)
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        super().stop(grace=5, kill_wait=None)
 
     def __enter__(self) -> "ServerProcess":
         return self.start()

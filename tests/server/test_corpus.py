@@ -158,7 +158,7 @@ def test_ray_writes_the_single_process_file(tmp_path, expected, capsys):
     try:
         code, err = run("--input", str(source), "--output", str(spread), "--rows-per-group", "8", "--ray",
                         "--ray-actors", "2", capsys=capsys)
-        # engine.Encoder itself as a Ray Data callable, as the README shows it
+        # engine.Encoder itself as a Ray Data callable, as docs/offline.md shows it
         from engine import Encoder
 
         rows = ray.data.from_items([{"text": t} for t in TEXTS[:4]]).map_batches(

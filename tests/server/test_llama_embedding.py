@@ -132,10 +132,12 @@ def test_embedding_openai_library_multiple(last_server):
     texts = ["I believe the meaning of life is", "Write a joke about AI", "This is a test", "This is another test"]
     res = client.embeddings.create(model="text-embedding-3-small", input=texts)
     assert len(res.data) == 4
-    # The SDK's default is base64: its decoded vectors must equal the float route's.
+    # The SDK's default is base64: its decoded vectors must equal the float route's. The two requests may be
+    # batched differently (on a busy machine the lanes split them), which moves float32 sums by ~2e-7; a wrong
+    # decoding (byte order, dtype, offset) moves them by far more.
     floats = last_server.post("/v1/embeddings", {"input": texts}).json()["data"]
     for got, want in zip(res.data, floats, strict=True):
-        np.testing.assert_allclose(got.embedding, want["embedding"], atol=1e-7)
+        np.testing.assert_allclose(got.embedding, want["embedding"], atol=1e-6)
 
 
 def test_embedding_error_prompt_too_long(last_server):

@@ -1,4 +1,4 @@
-"""llama.cpp's own rerank tests (tools/server/tests/unit/test_rerank.py, contract §8.3), against our server,
+"""llama.cpp's own rerank tests (tools/server/tests/unit/test_rerank.py, docs/llama-server-contract.md §8.3), against our server,
 plus score parity with the reference implementations, the cohere SDK and a generative reranker over HTTP.
 
 The cross-encoder is the trained fixture bert-tiny-ce-distilled in place of jina-reranker-v1-tiny-en, with
@@ -306,10 +306,10 @@ def test_generative_reranker_server_instruction_and_sigmoid_flag(qwen3_folder, c
 
 
 def test_qwen3_template_renders_the_model_card_prompt(qwen3_folder):
-    from engine.checkpoint import read
+    from engine.loading.formats import open_checkpoint
     from engine.text.prompts import RerankPrompt, templates_dir
 
-    prompt = RerankPrompt(read(qwen3_folder), fallback="qwen3_reranker.jinja")
+    prompt = RerankPrompt(open_checkpoint(qwen3_folder), fallback="qwen3_reranker.jinja")
     assert prompt.source == templates_dir() / "qwen3_reranker.jinja"
     for instruction in (None, "Find {code} & <tags>"):
         rendered = prompt.render("q {x} \"'", "doc\nline", instruction)

@@ -1,7 +1,8 @@
 """llama.cpp's rank head (llama-graph.cpp build_pooling, case RANK), for reranker GGUFs.
 
-The file keeps only what llama.cpp computes: one pooled token, then `cls` (dense + tanh) when present, then
-`cls.output`. BERT conversions drop the checkpoint's pooler and serve every token type as 0, so their scores
+The file keeps only what llama.cpp computes: one pooled token (ModernBERT: the mean of all tokens), then `cls`
+(dense + tanh; ModernBERT: dense + GELU in ggml's tanh approximation, then the `cls.norm` LayerNorm) when present,
+then `cls.output`. BERT conversions drop the checkpoint's pooler and serve every token type as 0, so their scores
 are llama-server's, not the original checkpoint's. Qwen3 rerankers store the yes/no rows in `cls.output`
 and llama.cpp takes softmax(...)[0] = P(yes).
 """
@@ -10,22 +11,29 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
+from collections.abc import Callable
+
 from engine.compute.pooling import pool
 from engine.types import Pooling
 
 
 _HEAD_KEYS = {"cls.weight": "cls.weight", "cls.bias": "cls.bias",
-              "cls.output.weight": "cls_output.weight", "cls.output.bias": "cls_output.bias"}
+              "cls.output.weight": "cls_output.weight", "cls.output.bias": "cls_output.bias",
+              "cls.norm.weight": "cls_norm.weight", "cls.norm.bias": "cls_norm.bias"}
 
 
 class RankHead(nn.Module):
     def __init__(self, trunk: nn.Module, hidden: int, n_out: int, present: set[str], pooling: Pooling,
-                 softmax: bool):
-        """present: the head tensors the file has (our names: cls.weight, cls_output.bias, ...)."""
+                 softmax: bool, activation: Callable[[mx.array], mx.array] = mx.tanh, norm_eps: float = 1e-5):
+        """present: the head tensors the file has (our names: cls.weight, cls_output.bias, ...); activation: after
+        `cls`; norm_eps: the `cls.norm` LayerNorm's (the file's layer_norm_epsilon, as llama.cpp's build_norm)."""
         super().__init__()
         self.trunk = trunk
         if "cls.weight" in present:
             self.cls = nn.Linear(hidden, hidden, bias="cls.bias" in present)
+        if "cls_norm.weight" in present:
+            self.cls_norm = nn.LayerNorm(hidden, eps=norm_eps, bias="cls_norm.bias" in present)
+        self._activation = activation
         self.cls_output = nn.Linear(hidden, n_out, bias="cls_output.bias" in present)
         self._pooling = pooling
         self.scores_are_probabilities = softmax
@@ -35,7 +43,9 @@ class RankHead(nn.Module):
         hidden = self.trunk(input_ids, attention_mask, mx.zeros_like(input_ids))
         x = pool(hidden, attention_mask, self._pooling)
         if "cls" in self:
-            x = mx.tanh(self.cls(x))
+            x = self._activation(self.cls(x))
+        if "cls_norm" in self:
+            x = self.cls_norm(x)
         scores = self.cls_output(x)
         return mx.softmax(scores, axis=-1) if self.scores_are_probabilities else scores
 

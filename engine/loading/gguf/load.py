@@ -12,6 +12,7 @@ from mlx.utils import tree_flatten
 
 from engine.checkpoint import Checkpoint
 from engine.errors import UnsupportedCheckpoint
+from engine.families.base import Trunk
 from engine.loading.gguf.arch import for_architecture
 from engine.loading.heads import Projection
 from engine.loading.weights import compute_dtype, materialize
@@ -39,6 +40,11 @@ def ftype(gguf: GGUFFile) -> str:
     return FTYPE_NAMES.get(int(value), f"file_type {value}")
 
 
+def is_quantized(gguf: GGUFFile) -> bool:
+    """Whether any tensor of the file is in a block format (dequantized at load)."""
+    return any(t.type_name not in ("F32", "F16", "BF16") for t in gguf.tensors.values())
+
+
 def tensor(gguf: GGUFFile, name: str) -> mx.array:
     """One tensor as an MLX float array (block formats dequantized to float32)."""
     values = gguf.array(name)
@@ -47,10 +53,10 @@ def tensor(gguf: GGUFFile, name: str) -> mx.array:
     return mx.array(values)
 
 
-def build(checkpoint: Checkpoint, dtype: str = "auto") -> tuple[nn.Module, nn.Module, str, Projection | None]:
-    """(model, trunk, family name, Dense projection or None); the model is the trunk itself, or the rank head
-    around it. dtype: the compute dtype (--dtype; auto: float32 on a CPU), block formats dequantized to it."""
-    gguf: GGUFFile = checkpoint.gguf
+def build(checkpoint: Checkpoint, gguf: GGUFFile, dtype: str = "auto") -> tuple[nn.Module, Trunk, str, Projection | None]:
+    """(model, trunk, family name, Dense projection or None) for the file `gguf` read as `checkpoint`; the model
+    is the trunk itself, or the rank head around it. dtype: the compute dtype (--dtype; auto: float32 on a CPU),
+    block formats dequantized to it."""
     mapping = for_architecture(gguf.architecture, str(checkpoint.path))
     family = importlib.import_module(f"engine.families.{mapping.FAMILY}")
     trunk = family.Model(family.ModelArgs.from_dict(checkpoint.config))
@@ -77,9 +83,10 @@ def build(checkpoint: Checkpoint, dtype: str = "auto") -> tuple[nn.Module, nn.Mo
         hidden = int(checkpoint.config["hidden_size"])
         n_out = head_weights["cls_output.bias"].shape[0] if "cls_output.bias" in head_weights else \
             head_weights["cls_output.weight"].size // hidden
-        model = RankHead(trunk, hidden, n_out, present=set(head_weights),
-                         pooling=Pooling.LAST if mapping.CAUSAL else Pooling.CLS,
-                         softmax=gguf.architecture == "qwen3")
+        options = {"pooling": Pooling.LAST if mapping.CAUSAL else Pooling.CLS, "softmax": gguf.architecture == "qwen3"}
+        if hasattr(mapping, "head_options"):  # an architecture llama.cpp scores its own way (modern-bert)
+            options.update(mapping.head_options(checkpoint.config))
+        model = RankHead(trunk, hidden, n_out, present=set(head_weights), **options)
         weights = {**{f"trunk.{k}": v for k, v in weights.items()}, **head_weights}
         if mapping.FAMILY == "bert" and "cls.weight" not in head_weights:  # XLM-R conversions keep their head
             log.warning("%s: a BERT cross-encoder converted by llama.cpp has no pooler and no token types; it is "

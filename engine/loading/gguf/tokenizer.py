@@ -5,15 +5,17 @@ from collections.abc import Sequence
 
 from engine.checkpoint import Checkpoint
 from engine.loading.gguf import vocab
-from engine.text.tokenizer import TextTokenizer
+from engine.loading.gguf.reader import GGUFFile
+from engine.text.tokenizer import TextTokenizer, longest_first
 from engine.types import VocabType
 
 _VOCAB_TYPES = {"bert": VocabType.WPM, "gpt2": VocabType.BPE, "llama": VocabType.SPM, "t5": VocabType.UGM}
 
 
 class GGUFTokenizer(TextTokenizer):
-    def __init__(self, checkpoint: Checkpoint):
-        meta = checkpoint.gguf.metadata
+    def __init__(self, checkpoint: Checkpoint, gguf: GGUFFile):
+        """`checkpoint`: the file `gguf` as read (engine/loading/gguf/format.py)."""
+        meta = gguf.metadata
         tok, self.rules = vocab.build(meta, str(checkpoint.path))
         super().__init__(checkpoint, tok)
         if self.rules.pad_id is not None:
@@ -40,8 +42,8 @@ class GGUFTokenizer(TextTokenizer):
             if max_length is None or len(ids) <= max_length:
                 return ids, [0] * len(ids)
             scaffold = [self.encode(part, add_special=False) for part in (head, middle, tail)]
-            query, document = self._cut(self.encode(first, False, False), self.encode(second, False, False),
-                                        max_length - sum(len(p) for p in scaffold))
+            query, document = longest_first(self.encode(first, False, False), self.encode(second, False, False),
+                                            max_length - sum(len(p) for p in scaffold))
             ids = scaffold[0] + query + scaffold[1] + document + scaffold[2]
             return ids, [0] * len(ids)
         query, document = self.encode(first, False, False), self.encode(second, False, False)
@@ -51,20 +53,9 @@ class GGUFTokenizer(TextTokenizer):
         between = ([eos] if r.add_eos and eos is not None else []) + ([r.sep_id] if r.add_sep and r.sep_id is not None else [])
         after = [eos] if r.add_eos and eos is not None else []
         if max_length is not None:
-            query, document = self._cut(query, document, max_length - len(before) - len(between) - len(after))
+            query, document = longest_first(query, document, max_length - len(before) - len(between) - len(after))
         ids = before + query + between + document + after
         return ids, [0] * len(ids)
-
-    @staticmethod
-    def _cut(query: list[int], document: list[int], budget: int) -> tuple[list[int], list[int]]:
-        """Longest first, as transformers' truncation does."""
-        q, d = len(query), len(document)
-        while q + d > max(budget, 0):
-            if d >= q:
-                d -= 1
-            else:
-                q -= 1
-        return query[:q], document[:d]
 
     def _piece(self, token_id: int) -> str | list[int]:
         token = self._parsing.id_to_token(token_id)
@@ -73,8 +64,10 @@ class GGUFTokenizer(TextTokenizer):
             return [int(token[3:5], 16)]  # a byte-fallback token is its byte
         return super()._piece(token_id)
 
-    def decode(self, ids: Sequence[int]) -> str:
-        """llama-server's /detokenize: the pieces joined (special tokens as their text)."""
+    def decode(self, ids: Sequence[int], skip_special: bool = False) -> str:
+        """llama-server's /detokenize: the pieces joined (special tokens as their text, unless skip_special)."""
+        if skip_special:
+            ids = [i for i in ids if i not in self._special_ids]
         out = bytearray()
         for piece in self.pieces(ids):
             out += bytes(piece) if isinstance(piece, list) else piece.encode("utf-8")

@@ -36,6 +36,7 @@ _BPE_PRE: dict[str, _PreType] = {
     **dict.fromkeys(("default",), _PreType(_DEFAULT)),
     **dict.fromkeys(("llama3", "llama-v3", "llama-bpe", "falcon3", "jina-v5-nano"),
                     _PreType((_LLAMA3,), add_bos=True, ignore_merges=True)),
+    **dict.fromkeys(("lfm2",), _PreType((_LLAMA3,))),  # llama3's regex, merges applied
     **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "megrez", "stablelm2", "f2llmv2"), _PreType((_QWEN2,))),
     **dict.fromkeys(("gpt-2", "phi-2", "jina-es", "jina-de", "jina-v2-es", "jina-v2-de", "modern-bert", "mpt",
                      "olmo", "exaone4"), _PreType((_GPT2,))),

@@ -25,6 +25,7 @@ TEXTS = [
     "def f(x):\n    return x ** 2  # square",
     "yes no maybe " * 9 + "Explain gravity.",
 ]
+LONG_TEXTS = [*TEXTS, "Gravity is a force. " * 20]  # the last one is ~100 tokens
 MIN_COSINE = 0.99999
 BATCH_ATOL = 1e-5
 
@@ -65,11 +66,44 @@ def save_random(folder: Path, model_cls: str, config_cls: str, *, seed: int = 0,
         saved = json.loads(path.read_text(encoding="utf-8"))
         saved.update(config_edits)
         path.write_text(json.dumps(saved), encoding="utf-8")
-    for rel, content in (files or {}).items():
+    write_files(folder, files or {})
+    return folder, model
+
+
+def write_files(folder: Path, files: dict[str, object]) -> None:
+    """relative path -> JSON-able object (or str), written under folder."""
+    for rel, content in files.items():
         target = folder / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(content if isinstance(content, str) else json.dumps(content), encoding="utf-8")
-    return folder, model
+
+
+def token_vectors(folder: Path, texts: list[str]) -> tuple[list[list[int]], list[np.ndarray]]:
+    """`texts` tokenized by the engine's own tokenizer and embedded in one padded batch with pooling none:
+    (each text's ids, its per-token vectors); the longest must be ~100 tokens."""
+    eng = start_engine(folder, pooling=Pooling.NONE)
+    try:
+        lists = [eng.encode_prompt([text]) for text in texts]
+        assert max(map(len, lists)) >= 100
+        return lists, eng.embed(lists).vectors
+    finally:
+        eng.close()
+
+
+def st_modules(*modules: tuple[str, str]) -> list[dict]:
+    """A sentence-transformers modules.json: the Transformer, then each (folder, module type)."""
+    return [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+            *({"idx": i, "name": str(i), "path": path, "type": kind} for i, (path, kind) in enumerate(modules, 1))]
+
+
+def pooled_layout(mode: str, prompts: dict[str, str] | None = None) -> dict[str, object]:
+    """save_random's `files` for a sentence-transformers export pooling by `mode` (cls, mean, ...), with prompts."""
+    files: dict[str, object] = {
+        "modules.json": st_modules(("1_Pooling", "sentence_transformers.models.Pooling")),
+        "1_Pooling/config.json": {"word_embedding_dimension": 64, "pooling_mode": mode}}
+    if prompts is not None:
+        files["config_sentence_transformers.json"] = {"prompts": prompts, "default_prompt_name": None}
+    return files
 
 
 def token_lists(folder: Path, texts: list[str] = TEXTS) -> list[list[int]]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.engine.helpers import perturb_vectors
+from tests.engine.helpers import perturb_vectors, train_spiece
 
 CORPUS = [
     "a photo of a cat", "a photo of a dog", "two cats sleeping on a red sofa", "a diagram of a steam engine",
@@ -69,20 +69,10 @@ def make_checkpoint(folder: Path, seed: int = 0, text_only: bool = False) -> Pat
 def make_spiece_checkpoint(folder: Path, seed: int = 1) -> Path:
     """A SiglipTextModel shipped as google/siglip-* are: a SentencePiece spiece.model read by transformers'
     SiglipTokenizer (no tokenizer.json). The unigram model is trained here with sentencepiece."""
-    import sentencepiece
     import torch
     from transformers import SiglipTextModel, SiglipTokenizer
 
-    folder.mkdir(parents=True, exist_ok=True)
-    corpus = folder / "corpus.txt"
-    corpus.write_text("\n".join(CORPUS + ["Caf\u00e9 na\u00efve r\u00e9sum\u00e9, \u6771\u4eac \uff12\uff10\uff12\uff14!"] * 5),
-                      encoding="utf-8")
-    sentencepiece.SentencePieceTrainer.train(
-        input=str(corpus), model_prefix=str(folder / "spiece"), vocab_size=80, hard_vocab_limit=False,
-        model_type="unigram", pad_id=0, eos_id=1, unk_id=2, bos_id=-1, pad_piece="<pad>", eos_piece="</s>",
-        unk_piece="<unk>", minloglevel=2)
-    corpus.unlink()
-    (folder / "spiece.vocab").unlink()
+    train_spiece(folder, CORPUS + ["Caf\u00e9 na\u00efve r\u00e9sum\u00e9, \u6771\u4eac \uff12\uff10\uff12\uff14!"] * 5, 80)
     tokenizer = SiglipTokenizer(vocab_file=str(folder / "spiece.model"), model_max_length=TEXT_WIDTH)
     text, _ = _configs(tokenizer.vocab_size)
     torch.manual_seed(seed)

@@ -171,3 +171,16 @@ def test_unknown_activation_is_refused_by_name():
                           intermediate_size=16, hidden_act="quick_gelu_v9")
     with pytest.raises(UnsupportedCheckpoint, match="quick_gelu_v9"):
         bert.Model(args)
+
+
+def test_custom_code_of_another_class_is_refused_at_startup(tmp_path):
+    """jina-embeddings-v2's layout: model_type bert, its own code named in auto_map; the error names the class."""
+    import json
+
+    path = make_random_bert(tmp_path / "custom")
+    config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    config["auto_map"] = {"AutoConfig": "jinaai/jina-bert-implementation--configuration_bert.JinaBertConfig",
+                          "AutoModel": "jinaai/jina-bert-implementation--modeling_bert.JinaBertModel"}
+    (path / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    with pytest.raises(UnsupportedCheckpoint, match="its class JinaBertModel is not implemented here"):
+        start_engine(path)

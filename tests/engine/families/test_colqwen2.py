@@ -120,14 +120,14 @@ def test_ids_and_pixels_are_the_reference_processors(colpali, engine):
 
     folder, _, tokenizer = colpali
     for data in PAGES:
-        prepared = engine._builder.build([Image.open(io.BytesIO(data))])
+        prepared = engine._model.builder.build([Image.open(io.BytesIO(data))])
         theirs = reference_inputs(folder, tokenizer, document(BLOCK, "Describe the image."), [data])
         assert prepared.ids == theirs["input_ids"][0].tolist()
         (image,) = prepared.images
         np.testing.assert_allclose(image.arrays["pixel_values"], theirs["pixel_values"][0].numpy(), atol=1e-6)
         assert image.arrays["image_grid_thw"].tolist() == theirs["image_grid_thw"][0].tolist()
         assert image.n_tokens == int(theirs["image_grid_thw"].prod()) // 4
-    prepared = engine._builder.build([QUERIES[0]])
+    prepared = engine._model.builder.build([QUERIES[0]])
     assert prepared.ids == tokenizer(query(QUERIES[0]))["input_ids"] and not prepared.images
 
 

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from engine import Engine, EngineOptions, Pooling, checkpoint
-from engine.loading import registry
+from engine import Engine, EngineOptions, Pooling
+from engine.loading import formats
 from engine.errors import UnsupportedCheckpoint
 from engine.families import gemma3_text
 from tests.engine.families.decoder_fixture import (
@@ -124,7 +124,7 @@ def test_dense_widths_must_chain(embeddinggemma, tmp_path):
     modules[first]["path"], modules[second]["path"] = modules[second]["path"], modules[first]["path"]
     (folder / "modules.json").write_text(json.dumps(modules))
     with pytest.raises(UnsupportedCheckpoint, match="do not chain"):
-        registry.load(checkpoint.read(folder))
+        formats.load(formats.open_checkpoint(folder))
 
 
 def test_pooling_none_is_refused_with_dense_modules(embeddinggemma):

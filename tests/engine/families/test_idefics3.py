@@ -46,7 +46,7 @@ def assert_rows_match(ours: np.ndarray, theirs: np.ndarray) -> None:
 
 def test_ids_and_pixels_are_the_reference_processors(folder, engine, reference):
     _, processor = reference
-    builder = engine._builder
+    builder = engine._model.builder
     for data in IMAGES:
         prepared = builder.build([fx.open_image(data)])
         theirs = processor(text=[fx.VISUAL_PROMPT], images=[[fx.open_image(data)]], return_tensors="np")

@@ -9,7 +9,7 @@ import pytest
 from mlx.utils import tree_flatten, tree_unflatten
 
 import engine  # noqa: F401  (binds the BLAS before MLX is used)
-from engine.families import bert, gemma3_text, kernels, llama, qwen3
+from engine.families import bert, gemma3_text, kernels, llama, ministral3, qwen3
 from engine.families.base import Rotary, rope_inverse_frequencies, sequence_mask, token_positions
 from engine.families.kernels import Mask, plan
 
@@ -175,8 +175,18 @@ def _gemma3(bidirectional: bool):
     return _perturbed(gemma3_text.Model(args), 3)
 
 
+def _ministral3():
+    """YaRN frequencies and Llama 4 query scaling, whose windows (64 tokens) the long inputs cross."""
+    rope = {"rope_type": "yarn", "rope_theta": 1e6, "factor": 16.0, "original_max_position_embeddings": 64,
+            "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1}
+    args = ministral3.ModelArgs.from_dict(dict(model_type="ministral3", vocab_size=300, hidden_size=64,
+                                               num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                               head_dim=16, intermediate_size=96, rope_parameters=rope))
+    return _perturbed(ministral3.Model(args), 4)
+
+
 FAMILIES = {"bert": _bert, "qwen3": _qwen3, "gemma3 (causal)": lambda: _gemma3(False),
-            "embeddinggemma (bidirectional)": lambda: _gemma3(True)}
+            "embeddinggemma (bidirectional)": lambda: _gemma3(True), "ministral3": _ministral3}
 
 
 def _hidden(model: nn.Module, lengths: list[int]) -> list[np.ndarray]:
@@ -208,7 +218,7 @@ def test_both_kernel_sets_give_the_same_vectors(family):
         np.testing.assert_allclose(fused[1], alone[0], rtol=0, atol=1e-5)  # batch invariant
 
 
-@pytest.mark.parametrize("family", ["qwen3", "gemma3 (causal)", "embeddinggemma (bidirectional)"])
+@pytest.mark.parametrize("family", ["qwen3", "gemma3 (causal)", "embeddinggemma (bidirectional)", "ministral3"])
 @pytest.mark.parametrize("kernel_set", ["cpu-arithmetic", "fused"])
 def test_the_last_layer_at_the_needed_rows_only(family, kernel_set):
     model = FAMILIES[family]()

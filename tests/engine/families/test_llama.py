@@ -9,8 +9,8 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from engine import Pooling, checkpoint
-from engine.loading import registry
+from engine import Pooling
+from engine.loading import formats, registry
 from engine.errors import UnsupportedCheckpoint
 from engine.families import llama
 from tests.engine.families.decoder_fixture import (
@@ -71,7 +71,7 @@ def test_decoder_without_pooling_info_defaults_to_none_as_llama_server(causal):
 
 
 def test_head_is_never_loaded(causal):
-    model = registry.load(checkpoint.read(causal[0])).model
+    model = formats.load(formats.open_checkpoint(causal[0])).model
     assert "lm_head" not in model
 
 
@@ -150,7 +150,8 @@ def test_bidirectional_flags_in_config():
 
 
 @pytest.mark.parametrize("rope, words", [
-    ({"rope_type": "yarn", "factor": 4.0}, "rope type 'yarn'"),
+    ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}, "yarn rope with attention factor"),
+    ({"rope_type": "yarn", "factor": 4.0}, "yarn rope needs factor and original_max_position_embeddings"),
     ({"rope_type": "dynamic", "factor": 2.0}, "rope type 'dynamic'"),
     ({"rope_type": "default", "partial_rotary_factor": 0.5}, "partial_rotary_factor"),
 ])
@@ -168,9 +169,9 @@ def test_unsupported_activation_and_sequence_classifier_are_refused(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama",
                                                        "architectures": ["LlamaForSequenceClassification"]}))
     with pytest.raises(UnsupportedCheckpoint, match="LlamaForSequenceClassification"):
-        registry.kind_of(checkpoint.read(tmp_path))
+        registry.kind_of(formats.open_checkpoint(tmp_path))
     with pytest.raises(UnsupportedCheckpoint, match="LlamaForSequenceClassification"):
-        registry.kind_of(checkpoint.read(tmp_path), rank=True)
+        registry.kind_of(formats.open_checkpoint(tmp_path), rank=True)
 
 
 # -- SmolLM2-135M-Instruct: real weights ------------------------------------------------------------------

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import io
 import json
+from dataclasses import replace
 
 import mlx.core as mx
 import numpy as np
 import pytest
 from PIL import Image
 
-from engine import checkpoint
-from engine.loading import registry
+from engine.loading import formats, registry
 from engine.errors import UnsupportedCheckpoint
 from engine.families import llama_nemotron_vl as family
 from engine.multimodal.tiles import TilingProcessor, candidate_grids, choose_grid
@@ -29,7 +29,7 @@ def built(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def loaded(built):
-    return registry.load(checkpoint.read(built[0]), kind=registry.EMBEDDER)
+    return formats.load(formats.open_checkpoint(built[0]), kind=registry.EMBEDDER)
 
 
 @pytest.fixture(scope="module")
@@ -147,14 +147,14 @@ def test_unsupported_configs_are_refused_by_name(built, edit, message):
 
 
 def test_detected_as_an_embedder_and_named_in_errors(built):
-    ckpt = checkpoint.read(built[0])
+    ckpt = formats.open_checkpoint(built[0])
     assert registry.kind_of(ckpt) == registry.EMBEDDER
     assert registry.default_pooling(ckpt).value == "mean"
-    wrong = checkpoint.Checkpoint(path=built[0], config={**ckpt.config, "architectures": ["LlamaNemotronVLForCausalLM"]})
+    wrong = replace(ckpt, config={**ckpt.config, "architectures": ["LlamaNemotronVLForCausalLM"]})
     with pytest.raises(UnsupportedCheckpoint, match="supported: LlamaNemotronVLModel"):
         registry.kind_of(wrong)
     with pytest.raises(UnsupportedCheckpoint, match="llama_nemotron_vl"):
-        registry.kind_of(checkpoint.Checkpoint(path=built[0], config={"model_type": "internvl_chat"}))
+        registry.kind_of(replace(ckpt, config={"model_type": "internvl_chat"}))
 
 
 @pytest.mark.parametrize("min_tiles, max_tiles, thumbnail", [(1, 12, True), (2, 4, False), (1, 1, True)])
@@ -173,16 +173,15 @@ def test_tiles_follow_the_settings(min_tiles, max_tiles, thumbnail):
 def test_builder_refuses_a_processor_config_that_disagrees_with_the_model(built, tmp_path):
     import shutil
 
-    from engine.text.tokenizer import open_tokenizer
     from engine.multimodal.builders.llama_nemotron_vl import input_builder
 
     folder = tmp_path / "m"
     shutil.copytree(built[0], folder)
     path = folder / "processor_config.json"
     path.write_text(json.dumps({**json.loads(path.read_text()), "num_image_token": 256}))
-    ckpt = checkpoint.read(folder)
+    ckpt = formats.open_checkpoint(folder)
     with pytest.raises(UnsupportedCheckpoint, match="num_image_token 256"):
-        input_builder(ckpt, open_tokenizer(ckpt))
+        input_builder(ckpt, ckpt.format.open_tokenizer(ckpt))
     path.write_text(json.dumps({**json.loads(path.read_text()), "num_image_token": 4, "norm_type": "clip"}))
     with pytest.raises(UnsupportedCheckpoint, match="norm_type 'clip'"):
-        input_builder(ckpt, open_tokenizer(ckpt))
+        input_builder(ckpt, ckpt.format.open_tokenizer(ckpt))

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from engine import Pooling, checkpoint
-from engine.loading import registry
+from engine import Pooling
+from engine.loading import formats
 from engine.errors import UnsupportedCheckpoint
 from engine.families import modernbert
 from tests.conftest import minilm_dir
@@ -165,7 +165,7 @@ def test_padded_batch_equals_each_row_alone(embedder):
 def test_padding_rows_outside_every_window_stay_finite(embedder):
     """A padding query more than a window away from any real token still sees one key (itself): no NaN."""
     path, eng, _, _ = embedder
-    model = registry.load(checkpoint.read(path)).model
+    model = formats.load(formats.open_checkpoint(path)).model
     width = 8 * LOCAL_ATTENTION
     ids = np.zeros((2, width), dtype=np.int32)
     mask = np.zeros((2, width), dtype=np.int32)

@@ -166,11 +166,13 @@ def test_pretraining_export_keeps_only_the_trunk(native, tmp_path):
 
 @pytest.mark.parametrize("change,named", [
     ({"rotary_scaling_factor": 2.0}, "rotary_scaling_factor"),
-    ({"qkv_proj_bias": True}, "qkv_proj_bias"),
     ({"prenorm": True}, "prenorm"),
-    ({"moe_every_n_layers": 2}, "moe_every_n_layers"),
+    ({"moe_every_n_layers": 2, "num_experts": 4, "moe_top_k": 2}, "mixture of experts needs plain experts"),
+    ({"activation_function": "gelu", "moe_every_n_layers": 2, "num_experts": 2, "moe_top_k": 3}, "moe_top_k"),
+    ({"num_shared_experts": 1}, "num_shared_experts"),
+    ({"expert_choice_router": True}, "expert_choice_router"),
     ({"rotary_emb_fraction": 0.5}, "rotary_emb_fraction 0.5"),
-    ({"activation_function": "gelu"}, "activation_function 'gelu'"),
+    ({"activation_function": "relu"}, "activation_function 'relu'"),
 ])
 def test_unsupported_variants_are_named(native, change, named):
     config = {**hub_config(json.loads((native[0] / "config.json").read_text())), **change}

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine import Pooling, checkpoint
-from engine.loading import registry
+from engine import Pooling
+from engine.loading import formats, registry
 from engine.errors import InputTooLong
 from tests.engine.families.decoder_fixture import (
     MIN_COSINE,
@@ -129,11 +129,11 @@ def test_qwen3_embedding_matches_sentence_transformers(qwen3_embedding, qwen3_em
 
 
 def test_causal_lm_is_an_embedder_with_embedding_and_a_reranker_with_reranking(folder):
-    ckpt = checkpoint.read(folder)
+    ckpt = formats.open_checkpoint(folder)
     assert ckpt.architecture == "Qwen3ForCausalLM"
     assert registry.kind_of(ckpt) == registry.EMBEDDER
     assert registry.kind_of(ckpt, rank=True) == registry.GENERATIVE_RERANKER
-    embedder = registry.load(ckpt)
+    embedder = formats.load(ckpt)
     assert "lm_head" not in embedder.model and embedder.default_pooling is Pooling.NONE
     eng = start_engine(folder, pooling=Pooling.LAST)
     try:
@@ -146,7 +146,7 @@ def test_untied_reranker_head_rows_are_the_lm_head_rows(tmp_path):
     from safetensors.numpy import load_file
 
     folder = make_checkpoint(tmp_path / "untied", tie=False, seed=5)
-    model = registry.load(checkpoint.read(folder), registry.GENERATIVE_RERANKER).model
+    model = formats.load(formats.open_checkpoint(folder), registry.GENERATIVE_RERANKER).model
     head = load_file(str(folder / "model.safetensors"))["lm_head.weight"]
     np.testing.assert_array_equal(np.array(model.head_rows([7, 3])), head[[7, 3]])
 

@@ -108,7 +108,7 @@ def test_images_are_decoded_and_preprocessed_off_the_engine_thread(engine, monke
             return function(*args, **kwargs)
         return recorded
 
-    builder = type(engine._builder)
+    builder = type(engine._model.builder)
     monkeypatch.setattr("engine.runtime.engine.decode", spy("decode", images_module.decode))
     monkeypatch.setattr(builder, "build", spy("build", builder.build))
     monkeypatch.setattr(pipeline_module, "to_device", spy("model", pipeline_module.to_device))
@@ -120,8 +120,8 @@ def test_images_are_decoded_and_preprocessed_off_the_engine_thread(engine, monke
 def test_detection_and_what_the_engine_reports(engine, tmp_path):
     import json
 
-    from engine import Pooling, checkpoint
-    from engine.loading import registry
+    from engine import Pooling
+    from engine.loading import formats, registry
     from engine.errors import UnsupportedCheckpoint
 
     info = engine.info
@@ -129,7 +129,7 @@ def test_detection_and_what_the_engine_reports(engine, tmp_path):
     assert info.vision_language and not info.multi_vector
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_vl", "architectures": ["Qwen3VLFoo"]}))
     with pytest.raises(UnsupportedCheckpoint, match="Qwen3VLForConditionalGeneration, Qwen3VLForEmbedding"):
-        registry.kind_of(checkpoint.read(tmp_path))
+        registry.kind_of(formats.open_checkpoint(tmp_path))
 
 
 def test_offline_encoder_builds_prompts_as_the_server_does(checkpoint, reference):

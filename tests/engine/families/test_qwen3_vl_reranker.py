@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from engine.loading import registry
-from engine.checkpoint import read
+from engine.loading.formats import open_checkpoint as read
 from engine.errors import InputTooLong, InvalidInput
 from engine.multimodal.images import InvalidImage
 from engine.types import ImageInput
@@ -209,15 +209,14 @@ def test_detection_needs_rank_mode_and_reads_the_logit_score_module(checkpoint, 
 
 
 def test_without_its_template_the_checkpoint_renders_ours_the_same(checkpoint, tmp_path):
-    from engine.text.tokenizer import open_tokenizer
     from engine.multimodal.builders.qwen3_vl_reranker import input_builder
 
     bare = tmp_path / "bare"
     shutil.copytree(checkpoint[0], bare, ignore=shutil.ignore_patterns("additional_chat_templates"))
     ckpt = read(bare)
-    ours = input_builder(ckpt, open_tokenizer(ckpt))
+    ours = input_builder(ckpt, ckpt.format.open_tokenizer(ckpt))
     assert ours.source.name == "qwen3_vl_reranker.jinja"
-    own = input_builder(read(checkpoint[0]), open_tokenizer(ckpt))
+    own = input_builder(read(checkpoint[0]), ckpt.format.open_tokenizer(ckpt))
     query, document = ({"type": "text", "text": "q?"},), ({"type": "image"}, {"type": "text", "text": "d."})
     for instruction in (None, "Find charts."):
         expected = (f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\n<Instruct>: "
@@ -254,3 +253,10 @@ def test_the_rerank_route_and_mlx_rerank_give_the_engines_scores(checkpoint, eng
     out = orjson.loads(capsys.readouterr().out)
     assert out["kind"] == "generative-reranker" and out["prompt_tokens"] == sum(expected.n_tokens)
     np.testing.assert_allclose(out["scores"], expected.scores, atol=1e-6, rtol=0)
+
+
+def test_max_chunks_is_refused_naming_the_reranker(engine):
+    """Long-document windows are for text rerankers: this one builds pairs that may hold images."""
+    with pytest.raises(InvalidInput, match=r"only for text rerankers; this one \(Qwen3VL"):
+        engine.rerank("revenue", ["a chart"], max_chunks=2)
+    assert len(engine.rerank("revenue", ["a chart"], max_chunks=0).scores) == 1

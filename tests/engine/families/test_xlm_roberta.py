@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from engine import Pooling, VocabType, checkpoint
-from engine.loading import registry
+from engine import Pooling, VocabType
+from engine.loading import formats
 from engine.errors import UnsupportedCheckpoint
 from engine.families import xlm_roberta
 from tests.conftest import package_folder
@@ -226,7 +226,7 @@ def test_two_label_classifier_is_refused_with_its_row_count(reranker, tmp_path):
     weights["classifier.out_proj.bias"] = np.concatenate([b, -b])
     save_file(weights, str(two / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(UnsupportedCheckpoint, match="its classifier has 2 rows"):
-        registry.load(checkpoint.read(two))  # what the engine's load runs (after the 17 MB tokenizer)
+        formats.load(formats.open_checkpoint(two))  # what the engine's load runs (after the 17 MB tokenizer)
 
 
 # -- pieces of the family file ------------------------------------------------------------------------------

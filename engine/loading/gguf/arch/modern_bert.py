@@ -3,17 +3,23 @@
 llama.cpp's rules for the file: local (symmetric sliding-window) layers only when `attention.sliding_window` is
 present and positive; then every `sliding_window_pattern`-th layer from layer 0 is global (3 when the key is
 absent, none when 0), on `rope.freq_base`; the others on `rope.freq_base_swa` (the global base when absent).
-Layer norms have no bias; layer 0 has no attn_norm.
+Layer norms have no bias; layer 0 has no attn_norm. A converted ModernBertForSequenceClassification (a
+reranker) keeps its head as `cls` (dense), `cls.norm` and `cls.output` (the classifier): llama.cpp scores the
+mean of every token's final state (transformers' classifier_pooling "mean"; the file does not say which, and
+llama-server means on a file with no pooling_type) as cls.output(norm(gelu(cls(h)))), GELU in ggml's tanh
+approximation and the norm on the file's layer_norm_epsilon (head.py).
 """
 from __future__ import annotations
 
 from typing import Any
 
+import mlx.nn as nn
 import numpy as np
 
 from engine.errors import UnsupportedCheckpoint
 from engine.families.modernbert import GLOBAL, LOCAL
 from engine.loading.gguf.arch import block_key
+from engine.types import Pooling
 
 FAMILY = "modernbert"
 CAUSAL = False
@@ -31,8 +37,6 @@ _BLOCK = {
     "ffn_up": "mlp.Wi",
     "ffn_down": "mlp.Wo",
 }
-# llama.cpp scores a ModernBERT classifier as dense, activation, cls_norm, out; our rank head is dense + tanh
-_HEAD = ("cls.weight", "cls.bias", "cls_norm.weight", "cls.output.weight", "cls.output.bias")
 
 
 def _layer_types(meta: dict[str, Any], arch: str, layers: int) -> list[str]:
@@ -49,10 +53,6 @@ def _layer_types(meta: dict[str, Any], arch: str, layers: int) -> list[str]:
 
 def config(meta: dict[str, Any], arch: str, shapes: dict[str, tuple[int, ...]]) -> dict[str, Any]:
     """config.json's equivalent, from the keys llama.cpp reads."""
-    head = sorted(name for name in _HEAD if name in shapes)
-    if head:
-        raise UnsupportedCheckpoint(f"a ModernBERT classifier GGUF ({', '.join(head)}) is not supported: llama.cpp "
-                                    "scores it with an activation and a norm our rank head does not have")
     activation = meta.get(f"{arch}.hidden_activation", "gelu")
     if activation != "gelu":
         raise UnsupportedCheckpoint(f"ModernBERT hidden_activation {activation!r} is not supported (gelu)")
@@ -73,6 +73,12 @@ def config(meta: dict[str, Any], arch: str, shapes: dict[str, tuple[int, ...]]) 
         "local_rope_theta": float(meta.get(f"{arch}.rope.freq_base_swa", global_base)),
         "hidden_activation": "gelu",
     }
+
+
+def head_options(config: dict[str, Any]) -> dict[str, Any]:
+    """llama.cpp's rank head for modern-bert, as llama-server scores it: the mean of all tokens, GELU, then the norm
+    at norm_eps."""
+    return {"pooling": Pooling.MEAN, "activation": nn.gelu_approx, "norm_eps": config["norm_eps"]}
 
 
 def key(name: str) -> str | None:

@@ -1,5 +1,6 @@
-"""GET /models, /v1/models and /props (+ POST), whatever the server runs: the Models it is built on give llama's
-single-model answers or its router-mode ones. POST /models/load and /models/unload exist in router mode only."""
+"""The routes about the served models rather than inference: GET /models and /v1/models, GET and POST /props,
+and (router mode only) POST /models/load and /models/unload. One model: llama's single-model answers
+(compat/wire/info.py); several: its router-mode ones (compat/wire/router.py)."""
 from __future__ import annotations
 
 import time
@@ -11,8 +12,9 @@ import falcon
 from compat.errors import bad_request, not_supported
 from compat.routing import Models
 from compat.settings import SettingsError
+from compat.wire.info import render_models_response, render_props_response
 from compat.wire.inputs import parse_json_object
-from compat.wire.models import parse_model_request
+from compat.wire.router import parse_model_request, render_router_models_response, render_router_props_response
 
 if TYPE_CHECKING:
     from compat.settings import Settings
@@ -35,7 +37,12 @@ class ModelsResource:
                 self._models.reload()
             except SettingsError as exc:
                 raise bad_request(f"the configuration was not reloaded: {exc}") from None
-        resp.media = self._models.listing(created=int(time.time()))
+        created = int(time.time())
+        if self._models.router_mode:
+            resp.media = render_router_models_response(self._models.describe(), created=created)
+            return
+        with self._models.lease(None, lambda: None, count=False) as served:
+            resp.media = render_models_response(served.settings, served.engine.info, created=created)
 
     on_head = on_get
 
@@ -46,7 +53,8 @@ class ModelsResource:
 
 
 class PropsResource:
-    """GET /props: the model's properties (router mode: llama's router answer, or ?model='s own /props)."""
+    """GET /props: the model's properties. Router mode: llama's router answer, or with ?model= that model's own
+    /props (loading it if need be); one model: ?model= is ignored, as in llama-server."""
 
     def __init__(self, models: Models, settings: Settings, version: str):
         self._models = models
@@ -54,7 +62,13 @@ class PropsResource:
         self._version = version
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
-        resp.media = self._models.props(req.get_param("model"), self._version)
+        name = req.get_param("model")
+        if self._models.router_mode and not name:
+            resp.media = render_router_props_response(self._settings, self._version)
+            return
+        with self._models.lease(None, lambda: name, count=False) as served:
+            resp.media = render_props_response(served.settings, served.engine.info, self._version,
+                                               model_name=served.name)
 
     on_head = on_get
 

@@ -1,11 +1,11 @@
-"""compat/models.py: which models a several-model server serves, with what options, and clear config errors."""
+"""compat/catalog.py: which models a several-model server serves, with what options, and clear config errors."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
 
-from compat.models import EMBEDDING, RERANK, read_catalog
+from compat.catalog import EMBEDDING, RERANK, read_catalog
 from compat.settings import SettingsError, parse_settings
 from engine.types import Pooling
 

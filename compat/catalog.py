@@ -1,9 +1,10 @@
-"""Which models a several-model server serves: the sections of --models-preset, the model sections of --config,
---embedding-model / --reranker-model, and -m beside them. Reads files only; no engine here.
+"""The model catalog: which models a several-model server serves, from the sections of --models-preset, the
+model sections of --config, --embedding-model / --reranker-model, and -m beside them. Reads files only; no
+engine here.
 
 A model section is named after the model's id and holds per-model options under their command-line names
-(compat/settings.py ModelSettings resolves them, llama's router precedence). Without any of these sources the
-server is the single-model one, and read_catalog says so by returning None.
+(compat/settings/per_model.py's ModelSettings resolves them, llama's router precedence). Without any of these
+sources the server is the single-model one, and read_catalog says so by returning None.
 """
 from __future__ import annotations
 

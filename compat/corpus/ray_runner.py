@@ -1,6 +1,6 @@
 """mlx-embed --ray: the corpus job as a Ray Data pipeline.
 
-read_datasource (the corpus file, read by compat/corpus_files.py as the single-process run reads it: same row
+read_datasource (the corpus file, read by compat/corpus/files.py as the single-process run reads it: same row
 numbers, ids, bad rows and --resume starting row) -> map_batches on a pool of --ray-actors actors, each holding
 one engine.Encoder -> the rows stream back to this process in input order and are written by the same PartStore,
 so the Parquet file is the one a single-process run writes.
@@ -20,11 +20,11 @@ from ray.data.block import BlockMetadata
 from ray.data.datasource import Datasource, ReadTask
 from ray.exceptions import RayError
 
-from compat.corpus import Group, JobFailed, chunks
-from compat.corpus_files import CorpusReader, Row
+from compat.corpus.files import CorpusReader, Row
+from compat.corpus.groups import Group, JobFailed, chunks
 from compat.settings import EmbedCommand
 
-_SOURCE_ROOT = Path(__file__).resolve().parents[1]
+_SOURCE_ROOT = Path(__file__).resolve().parents[2]
 
 
 class CorpusDatasource(Datasource):

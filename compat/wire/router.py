@@ -1,4 +1,4 @@
-"""The several-model server's own bodies (llama-server's router mode, contract §7.5): /models, /props without
+"""The several-model server's own bodies (llama-server's router mode, docs/llama-server-contract.md §7.5): /models, /props without
 ?model, and POST /models/load and /models/unload. Pure: no falcon."""
 from __future__ import annotations
 

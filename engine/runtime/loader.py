@@ -1,0 +1,168 @@
+"""Loading a model for serving, on the engine thread: the checkpoint found and read by its format, its kind
+checked against the server's mode, its pooling chosen, the runner built with the tokenizer, prompts and input
+builders the request side uses, the shapes fitted to memory, and the ModelInfo the server reports."""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.checkpoint import Checkpoint
+from engine.compute.pipeline import CrossEncoderPipeline, EmbeddingPipeline, GenerativeRerankPipeline
+from engine.errors import UnsupportedCheckpoint
+from engine.loading import formats, hub, registry
+from engine.multimodal.images import ImageProcessor
+from engine.multimodal.inputs import InputBuilder
+from engine.multimodal.pairs import PairBuilder
+from engine.multimodal.qwen_images import QwenImageProcessor
+from engine.runtime import blas, limits, malloc, shapes
+from engine.runtime.fitting import InputFitter
+from engine.runtime.scheduler import BatchLimits, warm_widths
+from engine.runtime.worker import Runner
+from engine.text.chat_inputs import ChatInputs
+from engine.text.prompts import INSTRUCTION_TEMPLATES, RerankPrompt, default_prompt_name
+from engine.text.tokenizer import TextTokenizer
+from engine.types import EngineOptions, ModelInfo, Pooling
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ServedModel:
+    """What the request side of a loaded model builds and fits its inputs with (never the model itself: its
+    runner belongs to the worker, so that closing the worker frees the weights)."""
+
+    tokenizer: TextTokenizer
+    batch_limits: BatchLimits  # fitted to memory at load
+    info: ModelInfo
+    fitter: InputFitter  # the model's limits applied to its inputs
+    load_s: float  # how long the load took
+    scores_are_probabilities: bool = False  # a reranker head whose scores are already in [0, 1]
+    prompt: RerankPrompt | None = None  # generative text rerankers only
+    pairs: PairBuilder | None = None  # generative rerankers that take images: builds each pair
+    chat: ChatInputs | None = None  # embedders whose texts go through their chat template
+    images: ImageProcessor | None = None  # dual-encoders with an image tower only
+    builder: InputBuilder | None = None  # vision-language families (engine/multimodal/inputs.py) only
+
+
+def load(opts: EngineOptions, lanes: int, blas_threads: int) -> tuple[Runner, ServedModel]:
+    """The model `opts` names, ready to serve: the runner that computes its batches, and what the request side
+    uses; `lanes` and `blas_threads`: the thread plan it runs under."""
+    started = time.monotonic()
+    blas.set_budget(blas_threads)
+    ckpt = formats.open_checkpoint(hub.resolve(opts.model_path, opts.hf_repo, opts.offline, opts.hf_file),
+                                   label=opts.model_path or "")
+    rank_mode = opts.pooling is Pooling.RANK
+    kind = ckpt.format.kind_of(ckpt, rank=rank_mode)
+    if rank_mode and kind == registry.EMBEDDER:
+        raise UnsupportedCheckpoint(
+            f"{ckpt.path}: rank mode (--reranking / --pooling rank) needs a reranker checkpoint; "
+            f"{ckpt.architecture or ckpt.model_type} is an embedding model")
+    if not rank_mode and kind != registry.EMBEDDER:
+        raise UnsupportedCheckpoint(
+            f"{ckpt.path}: {ckpt.architecture} is a reranker ({kind}), not an embedding model; "
+            f"start it with --reranking")
+    embedder = kind == registry.EMBEDDER
+    token_bounds = None  # dynamic-resolution image processors: the fewest and most tokens of one image
+    prompt_default = default_prompt_name(ckpt, opts.default_prompt_name) if embedder else None
+    chat = ChatInputs(ckpt) if embedder and ckpt.message_modality is not None else None
+    tokenizer = ckpt.format.open_tokenizer(ckpt)
+    loaded = formats.load(ckpt, kind, opts.dtype, opts.keep_quantized)
+    mode = registry.choose_pooling(opts.pooling, ckpt, loaded)
+    prompt = pairs = images = builder = None
+    if kind == registry.GENERATIVE_RERANKER:
+        if loaded.input_builder is not None:  # its prompts hold images (engine/multimodal/builders/<family>_reranker.py)
+            pairs = loaded.input_builder(ckpt, tokenizer)
+            token_bounds = bound_image_tokens(pairs, opts, loaded.family)
+        else:
+            prompt = RerankPrompt(ckpt, fallback=f"{loaded.family}_reranker.jinja")
+        yes_id, no_id = answer_tokens(tokenizer, ckpt)
+        runner: Runner = GenerativeRerankPipeline(loaded.model, yes_id, no_id, tokenizer.pad_id)
+    elif kind == registry.CROSS_ENCODER:
+        runner = CrossEncoderPipeline(loaded.model)
+    else:
+        runner = EmbeddingPipeline(loaded.model, mode, loaded.projection)
+        if loaded.input_builder is not None:
+            builder = loaded.input_builder(ckpt, tokenizer)
+            token_bounds = bound_image_tokens(builder, opts, loaded.family)
+        if loaded.image_size:
+            images = ImageProcessor.from_checkpoint(ckpt.path, loaded.image_size)
+            bound_image_tokens(images, opts, loaded.family)
+            side = loaded.image_size  # run the vision tower once now, so no request compiles it
+            runner.launch_images(np.zeros((1, 3, side, side), np.float32))()
+    n_positions = loaded.n_positions
+    slot_ctx, n_slots = limits.slots(opts.ctx_size, opts.parallel, n_positions)
+    max_input = limits.input_limit(n_positions, opts.ubatch_tokens, slot_ctx if opts.ctx_size > 0 else None)
+    if opts.max_seq > 0:
+        max_input = min(max_input, opts.max_seq)
+    fitted = shapes.prepare(runner, tokenizer.pad_id, max_input, opts.max_batch_tokens, opts.max_batch_rows,
+                            loaded.fixed_width or 0)
+    info = ModelInfo(
+        path=ckpt.display_path, model_type=ckpt.model_type, architecture=ckpt.architecture,
+        vocab_type=tokenizer.vocab_type, n_vocab=tokenizer.n_vocab, n_embd=loaded.hidden_size,
+        n_ctx_train=n_positions, n_params=loaded.n_params, size_bytes=loaded.size_bytes, ftype=loaded.ftype,
+        pooling=mode, max_input_tokens=fitted.max_seq,
+        truncate_tokens=limits.truncation_length(ckpt.max_seq_length, n_positions, fitted.max_seq),
+        slot_ctx=slot_ctx, n_slots=n_slots, bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token,
+        kind=loaded.kind, family=loaded.family, batch_tokens=fitted.max_tokens, batch_rows=fitted.max_rows,
+        widths=tuple(warm_widths(fitted.max_seq, fitted.fixed_width)),
+        prompts=tuple(ckpt.prompts.items()) if embedder else (), default_prompt_name=prompt_default,
+        instruction_template=INSTRUCTION_TEMPLATES.get(ckpt.model_type) if embedder else None,
+        file_format=ckpt.format.name, chat_template_inputs=chat is not None,
+        modalities=("text", "image") if (images, builder, pairs) != (None, None, None) else ("text",),
+        image_tokens=loaded.image_tokens, image_token_bounds=token_bounds, vision_language=builder is not None,
+        multi_vector=loaded.multi_vector, weights=loaded.weights, resident_bytes=loaded.resident_bytes,
+        normalize_module=None if ckpt.format.name == "gguf" else "Normalize" in ckpt.module_types)
+    log.info("loaded %s (%s, %s, %s) in %.2f s: pooling %s, %d params, weights %s (%d bytes resident), "
+             "per-input limit %d tokens, batches of up to %d rows / %d tokens, %d lanes sharing %d BLAS threads, "
+             "BLAS: %s; %s",
+             ckpt.path, ckpt.model_type, ckpt.architecture or "-", loaded.kind, time.monotonic() - started,
+             mode.value, loaded.n_params, loaded.weights, loaded.resident_bytes, fitted.max_seq, fitted.max_rows,
+             fitted.max_tokens, lanes,
+             blas_threads, blas.description, malloc.description)
+    return runner, ServedModel(tokenizer=tokenizer, batch_limits=fitted, info=info,
+                               fitter=InputFitter(tokenizer, info, opts, prompt, chat),
+                               load_s=time.monotonic() - started,
+                               scores_are_probabilities=loaded.scores_are_probabilities, prompt=prompt, pairs=pairs,
+                               chat=chat, images=images, builder=builder)
+
+
+def bound_image_tokens(builder: object, opts: EngineOptions, family: str) -> tuple[int, int] | None:
+    """--image-min-tokens / --image-max-tokens on a family's image processor; its token bounds after them.
+
+    They move the pixel bounds of a dynamic-resolution processor (Qwen2-VL's, which a builder keeps as
+    `processor`), as llama.cpp does. Other families resize to a fixed size or a tile grid, which llama.cpp does
+    not bound either: they are left as the reference makes them, and the log says so.
+    """
+    processor = getattr(builder, "processor", None)
+    if isinstance(processor, QwenImageProcessor):
+        builder.processor = processor.with_token_bounds(opts.image_min_tokens, opts.image_max_tokens)
+        return builder.processor.token_bounds
+    given = [flag for flag, value in (("--image-min-tokens", opts.image_min_tokens),
+                                      ("--image-max-tokens", opts.image_max_tokens)) if value > 0]
+    if given:
+        log.warning("%s: not used by the %s family, whose images have a fixed size or a tile grid; only "
+                    "dynamic-resolution models (Qwen3-VL, ColQwen2) take image token bounds", " and ".join(given),
+                    family)
+    return None
+
+
+def answer_tokens(tokenizer: TextTokenizer, ckpt: Checkpoint) -> tuple[int, int]:
+    """The (yes, no) token ids a generative reranker compares: its LogitScore module's, else "yes" and "no"
+    as the tokenizer encodes them."""
+    if ckpt.logit_score is None:
+        return _single_token(tokenizer, "yes", ckpt), _single_token(tokenizer, "no", ckpt)
+    if not all(0 <= token < tokenizer.n_vocab for token in ckpt.logit_score):
+        raise UnsupportedCheckpoint(f"{ckpt.path}: the LogitScore module's token ids {ckpt.logit_score} are "
+                                    f"outside the vocabulary ({tokenizer.n_vocab} tokens)")
+    return ckpt.logit_score
+
+
+def _single_token(tokenizer: TextTokenizer, word: str, ckpt: Checkpoint) -> int:
+    ids = tokenizer.encode(word, add_special=False, parse_special=False)
+    if len(ids) != 1:
+        raise UnsupportedCheckpoint(f"{ckpt.path}: {word!r} is {len(ids)} tokens for this tokenizer; the yes/no "
+                                    f"reranker recipe needs it to be exactly one")
+    return ids[0]
