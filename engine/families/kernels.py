@@ -20,9 +20,10 @@ diagonal, outside a sliding window) are skipped; a tile where every query sees e
 only the tiles crossing the diagonal, a window's edge, or padding keys that matter are masked. Scores are
 computed in log2 units (the scale times log2(e) folded into the queries) and exponentiated by one fused
 kernel (`_exp2_bits`) compiled for each tile shape: every tile is a multiple of `bq` wide (the input is padded
-to a multiple of `bq`), so a model sees a handful of shapes. Memory: one tile of scores (at most TILE_ELEMENTS
-floats) and its exponentials at a time, as query blocks are chained (mx.depends), plus q, k, v: linear in
-the length.
+to a multiple of `bq`), so a model sees a handful of shapes. Memory: the tiles (at most TILE_ELEMENTS floats
+each) of the few operations MLX has scheduled ahead, whatever the length (transient_bytes() bounds them), as
+query blocks are chained (mx.depends), plus q, k, v and the output: linear in the length. A bias (MPNet, T5)
+or a dense boolean mask makes the pass dense.
 """
 from __future__ import annotations
 
