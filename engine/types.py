@@ -113,6 +113,7 @@ class ModelInfo:
     # counts its file as llama.cpp does)
     weights: str = ""
     resident_bytes: int = 0
+    kernels: str = ""  # the kernel set chosen from the device at load: "cpu-arithmetic" or "fused"
 
     @property
     def is_reranker(self) -> bool:

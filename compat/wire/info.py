@@ -59,6 +59,7 @@ def render_props_response(settings: Settings, info: ModelInfo, version: str,
         "family": info.family,
         "weights": info.weights,  # "quantized kernels", "dequantized to float32 at load", or the dtype
         "resident_bytes": info.resident_bytes,
+        "kernels": info.kernels,  # "cpu-arithmetic" on a CPU, "fused" (MLX's fused kernels) on a GPU
         "max_seq": info.max_input_tokens,
         "rows": info.batch_rows,
         "batch_tokens": info.batch_tokens,

@@ -12,6 +12,7 @@ import numpy as np
 from engine.checkpoint import Checkpoint
 from engine.compute.pipeline import CrossEncoderPipeline, EmbeddingPipeline, GenerativeRerankPipeline
 from engine.errors import UnsupportedCheckpoint
+from engine.families import kernels
 from engine.loading import formats, hub, registry
 from engine.multimodal.images import ImageProcessor
 from engine.multimodal.inputs import InputBuilder
@@ -114,6 +115,7 @@ def load(opts: EngineOptions, lanes: int, blas_threads: int) -> tuple[Runner, Se
         modalities=("text", "image") if (images, builder, pairs) != (None, None, None) else ("text",),
         image_tokens=loaded.image_tokens, image_token_bounds=token_bounds, vision_language=builder is not None,
         multi_vector=loaded.multi_vector, weights=loaded.weights, resident_bytes=loaded.resident_bytes,
+        kernels=kernels.active().name,  # chosen by shapes.prepare, before the first pass
         normalize_module=None if ckpt.format.name == "gguf" else "Normalize" in ckpt.module_types)
     log.info("loaded %s (%s, %s, %s) in %.2f s: pooling %s, %d params, weights %s (%d bytes resident), "
              "per-input limit %d tokens, batches of up to %d rows / %d tokens, %d lanes sharing %d BLAS threads, "

@@ -65,7 +65,8 @@ class FakeEngine:
             max_input_tokens=max_input_tokens, truncate_tokens=512, slot_ctx=256, n_slots=2, bos_token="[CLS]",
             eos_token="[SEP]", kind=kind, batch_tokens=4096, batch_rows=16, widths=(8, 16, 512), prompts=prompts,
             default_prompt_name=default_prompt_name, instruction_template=instruction_template, family="bert",
-            modalities=modalities, weights="float32", resident_bytes=90868376)
+            modalities=modalities, weights="float32", resident_bytes=90868376,
+            kernels="cpu-arithmetic")
         self.limit_kind = limit_kind
         self.max_queue_items = max_queue_items
         self.embed_calls: list[dict] = []

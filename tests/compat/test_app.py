@@ -594,7 +594,7 @@ def test_props_shape_and_values(make_client):
     assert list(body) == ["default_generation_settings", "total_slots", "model_alias", "model_ftype", "model_path",
                           "modalities", "endpoint_slots", "endpoint_props", "endpoint_metrics", "ui",
                           "chat_template", "bos_token", "eos_token", "build_info", "is_sleeping",
-                          "cors_proxy_enabled", "family", "weights", "resident_bytes", "max_seq", "rows", "batch_tokens", "widths", "prompts",
+                          "cors_proxy_enabled", "family", "weights", "resident_bytes", "kernels", "max_seq", "rows", "batch_tokens", "widths", "prompts",
                           "default_prompt_name", "instruction_template", "chat_template_inputs", "dimensions",
                           "input_modalities", "multi_vector"]
     assert list(body["default_generation_settings"]) == ["params", "n_ctx"]

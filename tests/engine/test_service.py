@@ -79,6 +79,7 @@ def test_info_of_minilm(minilm, minilm_path):
     assert info.truncate_tokens == 256  # sentence_bert_config.json max_seq_length
     assert (info.slot_ctx, info.n_slots) == (512, 4)  # -c 0 -np -1: 4 slots sharing the model's context
     assert (info.bos_token, info.eos_token) == ("[CLS]", "[SEP]")
+    assert info.kernels == "cpu-arithmetic"  # this machine has no GPU: our kernels, chosen at load
     assert minilm.is_loaded
 
 
