@@ -9,7 +9,7 @@ import mlx.nn as nn
 import numpy as np
 
 from engine.errors import UnsupportedCheckpoint
-from engine.compute.pooling import pool
+from engine.compute.pooling import pool, pool_segments
 from engine.types import Pooling
 from engine.multimodal.inputs import PreparedImage, to_device
 
@@ -65,6 +65,23 @@ class EmbeddingPipeline(Pipeline):
         length = ids.shape[1]
         hidden = self.model.embed_with_images(mx.array(ids), to_device(images))
         return self._pooled(hidden, mx.ones((1, length), dtype=mx.int32), [length])
+
+    @property
+    def pools_segments(self) -> bool:
+        """Whether launch_segments can serve this model (it pools hidden states itself, one vector per input)."""
+        return not self.pools_itself and self.pooling not in (Pooling.NONE, Pooling.RANK)
+
+    def launch_segments(self, ids: np.ndarray, type_ids: np.ndarray,
+                        segments: tuple[tuple[int, ...], ...]) -> Collect:
+        """Late chunking: one input, ids [1, L], in one pass; each segment (a chunk's rows) pooled as an input
+        is, then projected -> one [S, D] array."""
+        length = ids.shape[1]
+        hidden = self.model(mx.array(ids), mx.ones((1, length), dtype=mx.int32), mx.array(type_ids))
+        pooled = pool_segments(hidden[0], segments, self.pooling)
+        if self.projection is not None:
+            pooled = self.projection(pooled).astype(mx.float32)
+        pooled = _started(pooled)
+        return lambda: [np.array(pooled)]
 
     def _pooled(self, hidden: mx.array, mask_mx: mx.array, lengths: list[int]) -> Collect:
         if self.pools_itself:

@@ -1,7 +1,10 @@
 """Per-token hidden states -> one vector per row, outside the family files (every mode honours the mask)."""
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import mlx.core as mx
+import numpy as np
 
 from engine.errors import UnsupportedCheckpoint
 from engine.types import Pooling
@@ -23,3 +26,21 @@ def pool(hidden: mx.array, mask: mx.array, mode: Pooling) -> mx.array:
     if mode is Pooling.MAX:
         return mx.where((mask != 0)[..., None], hidden, -mx.inf).max(axis=1)
     raise UnsupportedCheckpoint(f"pooling {mode.value!r} does not produce one vector per input")
+
+
+def pool_segments(hidden: mx.array, segments: Sequence[Sequence[int]], mode: Pooling) -> mx.array:
+    """Late chunking: hidden [L, D] of one input, each segment a list of its rows -> [S, D], each segment pooled
+    as `pool` pools a whole input (mean of its rows, its first, its last, their maximum)."""
+    hidden = hidden.astype(mx.float32)
+    if mode is Pooling.MEAN:  # one matmul: a row of weights 1/n over each segment's rows
+        weights = np.zeros((len(segments), hidden.shape[0]), dtype=np.float32)
+        for s, rows in enumerate(segments):
+            weights[s, list(rows)] = 1.0 / len(rows)
+        return mx.array(weights) @ hidden
+    if mode is Pooling.CLS:
+        return hidden[mx.array([rows[0] for rows in segments])]
+    if mode is Pooling.LAST:
+        return hidden[mx.array([rows[-1] for rows in segments])]
+    if mode is Pooling.MAX:
+        return mx.stack([hidden[mx.array(list(rows))].max(axis=0) for rows in segments])
+    raise UnsupportedCheckpoint(f"pooling {mode.value!r} does not produce one vector per chunk")

@@ -4,6 +4,7 @@ input order; the load (engine/runtime/loader.py) runs on the engine thread."""
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
 import math
 import threading
 import time
@@ -20,7 +21,7 @@ from engine.multimodal.pairs import RerankSide
 from engine.runtime import fitting, loader, threads
 from engine.runtime.loader import ServedModel
 from engine.runtime.scheduler import BatchLimits
-from engine.runtime.worker import ImageWork, ItemResult, Runner, Worker
+from engine.runtime.worker import ImageWork, ItemResult, Runner, SegmentedWork, Worker
 from engine.text.prompts import choose_prompt, format_prompts, is_text
 from engine.text.tokenizer import TextTokenizer
 from engine.types import (
@@ -28,6 +29,7 @@ from engine.types import (
     EngineOptions,
     ImageInput,
     ModelInfo,
+    Pooling,
     RerankItem,
     RerankResult,
     Timings,
@@ -181,6 +183,59 @@ class Engine:
         result = self._embedded(inputs, info, truncate, timeout_s, labels, embd_normalize, dimensions, direction)
         result.timings.tokenize_s += tokenize_s
         return result
+
+    def embed_late_chunks(self, chunks: Sequence[str], *, truncate: bool | None = None, timeout_s: float = 3600,
+                          prompt_name: str | None = None, instruction: str | None = None, embd_normalize: int = -1,
+                          dimensions: int | None = None, truncation_direction: str = "right") -> EmbedResult:
+        """Late chunking (Jina's `late_chunking`): `chunks` are consecutive pieces of one document, joined exactly
+        as given and embedded in one pass; each chunk's vector is the model's pooling over the token rows that
+        start inside it (special tokens and the prompt belong to no chunk), finished as `embed` finishes a vector.
+
+        The prompt (prompt_name / instruction / the default prompt) applies once, to the whole document. An
+        over-long document is cut as `truncate` and `truncation_direction` say (a chunk left without a token is
+        InvalidInput), else InputTooLong. n_tokens: each chunk's tokens, the first one's holding the prompt's and
+        the special tokens too, so that they add up to the document's.
+        """
+        info = self._embedding(1, dimensions)
+        direction = fitting.truncation_direction(truncation_direction)
+        model = self._served()
+        self._check_late_chunking(info, model)
+        if not chunks:
+            raise InvalidInput("late chunking needs at least one chunk")
+        started = time.monotonic()
+        document = "".join(chunks)
+        choice = choose_prompt(info, prompt_name, instruction)
+        text = choice.apply(document)
+        first_char = text.rfind(document) if document else len(text)
+        ids, starts = model.tokenizer.encode_with_starts(text)
+        cut = self.options.truncate if truncate is None else truncate
+        kept = model.fitter.fit_positions(ids, cut, direction)
+        chunk_starts = list(itertools.accumulate((len(c) for c in chunks[:-1]), initial=0))
+        segments = fitting.chunk_segments(starts, kept, chunk_starts, first_char)
+        work = SegmentedWork([ids[p] for p in kept], tuple(segments))
+        tokenize_s = time.monotonic() - started
+        results, timings = self._serve([work], None, timeout_s)
+        timings.tokenize_s += tokenize_s
+        rows = results[0].value
+        n_tokens = [len(rows_of) for rows_of in segments]
+        n_tokens[0] += len(kept) - sum(n_tokens)
+        return EmbedResult(vectors=[finish(row, embd_normalize, dimensions) for row in rows], n_tokens=n_tokens,
+                           timings=timings)
+
+    def _check_late_chunking(self, info: ModelInfo, model: ServedModel) -> None:
+        """InvalidInput naming why this model cannot late-chunk, if it cannot."""
+        name = info.architecture or info.model_type
+        why = None
+        if info.multi_vector:
+            why = "it is a multi-vector model (one vector per token already: score its rows with /maxsim)"
+        elif info.pooling is Pooling.NONE:
+            why = "its pooling is 'none' (late chunking pools each chunk's rows as the model pools an input)"
+        elif model.builder is not None or model.chat is not None:
+            why = "its inputs are built by its own prompt format or chat template"
+        elif not model.pools_segments:
+            why = "it pools inside its own head"
+        if why is not None:
+            raise InvalidInput(f"late chunking is not supported by this model ({name}): {why}")
 
     def maxsim(self, query: Sequence[str | int] | ImageInput, documents: Sequence[Sequence[str | int] | ImageInput], *,
                truncate: bool | None = None, timeout_s: float = 3600) -> RerankResult:

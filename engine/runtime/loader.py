@@ -46,6 +46,7 @@ class ServedModel:
     chat: ChatInputs | None = None  # embedders whose texts go through their chat template
     images: ImageProcessor | None = None  # dual-encoders with an image tower only
     builder: InputBuilder | None = None  # vision-language families (engine/multimodal/inputs.py) only
+    pools_segments: bool = False  # the runner pools chunks of one input (late chunking)
 
 
 def load(opts: EngineOptions, lanes: int, blas_threads: int) -> tuple[Runner, ServedModel]:
@@ -128,7 +129,8 @@ def load(opts: EngineOptions, lanes: int, blas_threads: int) -> tuple[Runner, Se
                                fitter=InputFitter(tokenizer, info, opts, prompt, chat),
                                load_s=time.monotonic() - started,
                                scores_are_probabilities=loaded.scores_are_probabilities, prompt=prompt, pairs=pairs,
-                               chat=chat, images=images, builder=builder)
+                               chat=chat, images=images, builder=builder,
+                               pools_segments=getattr(runner, "pools_segments", False))
 
 
 def bound_image_tokens(builder: object, opts: EngineOptions, family: str) -> tuple[int, int] | None:

@@ -46,6 +46,15 @@ class ImageWork:
     n_tokens: int
 
 
+@dataclass(frozen=True)
+class SegmentedWork:
+    """Late chunking: one document's token ids, evaluated alone, and its chunks' rows (engine/runtime/fitting.py
+    chunk_segments); its result is one pooled vector per chunk, [S, D]."""
+
+    ids: list[int]
+    segments: tuple[tuple[int, ...], ...]
+
+
 @dataclass
 class WorkItem:
     ids: list[int]
@@ -57,11 +66,12 @@ class WorkItem:
     future: Future = field(default_factory=Future)
     pixels: np.ndarray | None = None  # an image for a tower: it shares passes with other images only
     images: tuple[PreparedImage, ...] = ()  # a vision-language input's images (engine/multimodal/inputs.py): it runs alone
+    segments: tuple[tuple[int, ...], ...] = ()  # a late-chunked document's chunks (SegmentedWork): it runs alone
 
     @property
     def group(self) -> int:
         """Inputs of one group can share a forward pass (engine/runtime/scheduler.py)."""
-        if self.images:
+        if self.images or self.segments:
             return ALONE
         return TEXTS if self.pixels is None else IMAGES
 
@@ -106,7 +116,7 @@ class Worker:
         _live.add(self)
 
     # -- request threads -------------------------------------------------------------------------
-    def submit(self, token_lists: list[list[int] | ImageWork | PreparedInput], deadline: float,
+    def submit(self, token_lists: list[list[int] | ImageWork | PreparedInput | SegmentedWork], deadline: float,
                type_lists: list[list[int]] | None = None) -> list[WorkItem]:
         """Queue every input of one request, or none of them (QueueFull)."""
         if not self.loaded.is_set() or self._runner is None:
@@ -247,6 +257,8 @@ class Worker:
                 return self._launch_images(batch)
             if batch[0].images:  # a vision-language input holding images: always alone in its pass
                 return self._launch_with_images(batch)
+            if batch[0].segments:  # a late-chunked document: alone too
+                return self._launch_segments(batch)
             return self._launch_texts(batch)
         except Exception as exc:  # assembling the batch failed: that batch fails, the lane keeps serving
             return _Launched(batch, None, time.monotonic(), max(item.n_tokens for item in batch), exc)
@@ -287,6 +299,13 @@ class Worker:
         collect = self._runner.launch_with_images(np.array([item.ids], dtype=np.int32), item.images)
         return _Launched(batch, collect, started, item.n_tokens)
 
+    def _launch_segments(self, batch: list[WorkItem]) -> _Launched:
+        (item,) = batch
+        started = time.monotonic()
+        ids = np.array([item.ids], dtype=np.int32)
+        collect = self._runner.launch_segments(ids, np.zeros_like(ids), item.segments)
+        return _Launched(batch, collect, started, item.n_tokens)
+
     def _finish(self, launched: _Launched) -> None:
         try:
             self._deliver(launched)
@@ -325,14 +344,17 @@ class Worker:
             item.future.set_result(ItemResult(value, launched.started - item.enqueued, elapsed, pass_number))
 
 
-def _work_item(work: list[int] | ImageWork | PreparedInput, type_ids: list[int] | None, deadline: float,
-               now: float) -> WorkItem:
+def _work_item(work: list[int] | ImageWork | PreparedInput | SegmentedWork, type_ids: list[int] | None,
+               deadline: float, now: float) -> WorkItem:
     if isinstance(work, ImageWork):
         return WorkItem(ids=[], type_ids=None, deadline=deadline, n_tokens=work.n_tokens, enqueued=now,
                         pixels=work.pixels)
     if isinstance(work, PreparedInput):  # its ids already hold every image token: that is what it costs
         return WorkItem(ids=work.ids, type_ids=None, deadline=deadline, n_tokens=len(work.ids), enqueued=now,
                         images=work.images)
+    if isinstance(work, SegmentedWork):
+        return WorkItem(ids=work.ids, type_ids=None, deadline=deadline, n_tokens=len(work.ids), enqueued=now,
+                        segments=work.segments)
     return WorkItem(ids=work, type_ids=type_ids, deadline=deadline, n_tokens=len(work), enqueued=now)
 
 
