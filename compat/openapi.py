@@ -16,6 +16,7 @@ import falcon
 import falcon.inspect
 
 from compat.middleware import PUBLIC_PATHS, normalize_prefix
+from compat.openapi_fields import LATE_CHUNKING, TRUNCATION_DIRECTION
 from compat.openapi_ollama import OPERATIONS as OLLAMA_OPERATIONS
 from compat.openapi_ollama import SCHEMAS as OLLAMA_SCHEMAS
 from compat.openapi_tei import TEI_OPERATIONS, tei_answers, tei_schemas
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
 
 JSON = "application/json"
 Schema = dict[str, Any]
+
 
 
 def _ref(name: str) -> Schema:
@@ -99,6 +101,7 @@ def _schemas(settings: Settings) -> dict[str, Schema]:
                 "truncate": _nullable(_BOOL), "model": _MODEL,
                 "prompt_name": _nullable(_STRING), "instruction": _nullable({"type": "string", "minLength": 1}),
                 "dimensions": _nullable({"type": "integer", "minimum": 1}),
+                "late_chunking": LATE_CHUNKING, "truncation_direction": TRUNCATION_DIRECTION,
             }},
         "OaiEmbeddings": {
             "type": "object", "required": ["model", "object", "usage", "data"],

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from compat.openapi_fields import LATE_CHUNKING, TRUNCATION_DIRECTION
+
 Schema = dict[str, Any]
 JSON = "application/json"
 _STRING = {"type": "string"}
@@ -36,7 +38,8 @@ SCHEMAS: dict[str, Schema] = {
                      "description": "false: an input over the model's limit is a 400"},
         "dimensions": {"type": ["integer", "null"],
                        "description": "keep the first N components, then L2-normalize"},
-        "keep_alive": _KEEP_ALIVE, "options": _OPTIONS}},
+        "keep_alive": _KEEP_ALIVE, "options": _OPTIONS,
+        "late_chunking": LATE_CHUNKING, "truncation_direction": TRUNCATION_DIRECTION}},
     "OllamaEmbed": {"type": "object", "required": ["model", "embeddings"], "properties": {
         "model": _STRING, "embeddings": {"type": "array", "items": _VECTOR}, "total_duration": _INT,
         "load_duration": _INT, "prompt_eval_count": _INT}},

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from compat.openapi_fields import LATE_CHUNKING
+
 JSON = "application/json"
 Schema = dict[str, Any]
 
@@ -52,6 +54,7 @@ def _cohere_schemas(batch: int) -> dict[str, Schema]:
                 "truncate": _nullable({"enum": ["NONE", "END", "START"], "default": "END",
                                        "description": "END cuts a long text at its end, START at its start, NONE refuses it"}),
                 "images": {"description": "refused (400)"}, "inputs": {"description": "refused (400)"},
+                "late_chunking": LATE_CHUNKING,
             }},
         "CohereEmbedV1": {
             "type": "object", "required": ["id", "texts", "embeddings", "meta", "response_type"],

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from compat.openapi_fields import LATE_CHUNKING, TRUNCATION_DIRECTION
+
 JSON = "application/json"
 Schema = dict[str, Any]
 
@@ -12,8 +14,7 @@ _INT = {"type": "integer"}
 _BOOL = {"type": "boolean"}
 _NUMBER_OR_NULL = {"type": ["number", "null"]}
 _OPTIONAL_BOOL = {"type": ["boolean", "null"]}
-_DIRECTION = {"anyOf": [{"enum": ["Right", "right", "Left", "left"]}, {"type": "null"}],
-              "description": "which end an input over the limit loses when truncated: Right (the default) or Left"}
+_DIRECTION = TRUNCATION_DIRECTION
 _MODEL = {"anyOf": [_STRING, {"type": "null"}]}
 
 
@@ -27,7 +28,8 @@ def tei_schemas(max_client_batch_size: int) -> dict[str, Schema]:
               "anyOf": [_STRING, {"type": "array", "minItems": 1,
                                   "items": {"anyOf": [_STRING, _INT, {"type": "array", "items": _INT}]}}]}
     common = {"inputs": inputs, "truncate": _OPTIONAL_BOOL, "truncation_direction": _DIRECTION,
-              "prompt_name": {"type": ["string", "null"]}, "model": _MODEL}
+              "prompt_name": {"type": ["string", "null"]}, "model": _MODEL,
+              "late_chunking": LATE_CHUNKING}  # /embed_all refuses it (422): its answer is the unpooled rows
     similarity_inputs = {"type": "object", "required": ["source_sentence", "sentences"],
                          "properties": {"source_sentence": _STRING,
                                         "sentences": {"type": "array", "items": _STRING}}}

@@ -120,20 +120,22 @@ class Encoder(_Loaded):
 
     def encode(self, texts: str | Sequence[str], *, normalize: bool | int = True, dimensions: int | None = None,
                prompt_name: str | None = None, instruction: str | None = None,
-               batch_size: int | None = None) -> np.ndarray:
+               batch_size: int | None = None, truncation_direction: str = "right") -> np.ndarray:
         """Vectors [n, d] float32 in input order (one text: still [1, d]).
 
         normalize: True = L2, False = raw, or llama's embd_normalize integer (0 max-abs, 1 taxicab, p>2 p-norm).
         dimensions: keep the first N components before normalizing. batch_size: the most texts one forward
-        pass may hold (default: the engine's own limits). Raises InvalidInput (EmptyInput, InputTooLong) like the
+        pass may hold (default: the engine's own limits). truncation_direction: with truncate=True, "left" cuts
+        an over-long text's start instead of its end. Raises InvalidInput (EmptyInput, InputTooLong) like the
         server answers 400.
         """
         return self.embed(texts, normalize=normalize, dimensions=dimensions, prompt_name=prompt_name,
-                          instruction=instruction, batch_size=batch_size).vectors
+                          instruction=instruction, batch_size=batch_size,
+                          truncation_direction=truncation_direction).vectors
 
     def embed(self, texts: str | Sequence[str], *, normalize: bool | int = True, dimensions: int | None = None,
               prompt_name: str | None = None, instruction: str | None = None,
-              batch_size: int | None = None) -> Embedded:
+              batch_size: int | None = None, truncation_direction: str = "right") -> Embedded:
         """`encode` with each input's token count (what the server reports as usage)."""
         if isinstance(texts, str):
             texts = [texts]
@@ -142,11 +144,26 @@ class Encoder(_Loaded):
         if self.info.vision_language:  # the family formats its texts itself (engine/multimodal/inputs.py)
             self._one_vector_per_input()
             vectors, n_tokens = self._embed_prompts([[text] for text in texts], batch_size, prompt_name,
-                                                    instruction, p, dimensions)
+                                                    instruction, p, dimensions, truncation_direction)
         else:
             token_lists = self.engine.tokenizer.encode_prompts(self._prompts(list(texts), prompt_name, instruction))
-            vectors, n_tokens = self._embed(token_lists, batch_size, p, dimensions)
+            vectors, n_tokens = self._embed(token_lists, batch_size, p, dimensions, truncation_direction)
         return Embedded(_stacked(vectors, size), n_tokens)
+
+    def embed_late_chunks(self, chunks: Sequence[str], *, normalize: bool | int = True,
+                          dimensions: int | None = None, prompt_name: str | None = None,
+                          instruction: str | None = None, truncation_direction: str = "right") -> Embedded:
+        """Late chunking: `chunks`, consecutive pieces of one document joined exactly as given, embedded in one
+        pass; one vector per chunk, pooled from the tokens that start inside it (Engine.embed_late_chunks), with
+        each chunk's token count (the first's holds the prompt's and the special tokens)."""
+        for chunk in chunks:
+            if not isinstance(chunk, str):
+                raise InvalidInput(f"chunks must be strings, not {type(chunk).__name__}")
+        size = check_dimensions(dimensions, self.info.n_embd)
+        result = self.engine.embed_late_chunks(list(chunks), prompt_name=prompt_name, instruction=instruction,
+                                               embd_normalize=normalization(normalize), dimensions=dimensions,
+                                               truncation_direction=truncation_direction)
+        return Embedded(_stacked(result.vectors, size), result.n_tokens)
 
     def embed_images(self, images: Sequence[bytes | str | Path], *, normalize: bool | int = True,
                      dimensions: int | None = None, batch_size: int | None = None, prompt_name: str | None = None,
@@ -188,20 +205,23 @@ class Encoder(_Loaded):
         return [slice(start, start + chunk) for start in range(0, n, chunk)]
 
     def _embed(self, token_lists: list[list[int]], batch_size: int | None, embd_normalize: int,
-               dimensions: int | None) -> tuple[list[np.ndarray], list[int]]:
+               dimensions: int | None, truncation_direction: str = "right") -> tuple[list[np.ndarray], list[int]]:
         """Pooled vectors, finished by the engine (`dimensions`, then `embd_normalize`), and token counts, in order."""
         self._one_vector_per_input()
-        results = [self.engine.embed(token_lists[part], embd_normalize=embd_normalize, dimensions=dimensions)
+        results = [self.engine.embed(token_lists[part], embd_normalize=embd_normalize, dimensions=dimensions,
+                                     truncation_direction=truncation_direction)
                    for part in self._chunks(len(token_lists), batch_size)]
         return [v for r in results for v in r.vectors], [n for r in results for n in r.n_tokens]
 
     def _embed_prompts(self, prompts: list[list[str] | ImageInput], batch_size: int | None,
                        prompt_name: str | None = None, instruction: str | None = None, embd_normalize: int = -1,
-                       dimensions: int | None = None) -> tuple[list[np.ndarray], list[int]]:
+                       dimensions: int | None = None,
+                       truncation_direction: str = "right") -> tuple[list[np.ndarray], list[int]]:
         """Vectors finished by the engine (a multi-vector model's rows as it gives them) and token counts of text
         prompts and images, through engine.embed_prompts."""
         results = [self.engine.embed_prompts(prompts[part], prompt_name=prompt_name, instruction=instruction,
-                                             embd_normalize=embd_normalize, dimensions=dimensions)
+                                             embd_normalize=embd_normalize, dimensions=dimensions,
+                                             truncation_direction=truncation_direction)
                    for part in self._chunks(len(prompts), batch_size)]
         return [v for r in results for v in r.vectors], [n for r in results for n in r.n_tokens]
 

@@ -55,7 +55,7 @@ def _embed(served: Served, body: dict, *, per_token: bool) -> list:
     _check_batch(served, len(request.prompts))
     result = embed_request_prompts(served, request.prompts, request.truncate, request.prompt_name, None,
                                    request.embd_normalize, request.dimensions,
-                                   "left" if request.truncate_left else "right")
+                                   "left" if request.truncate_left else "right", request.late_chunking)
     served.record(result)
     return render_embed_response(result)
 

@@ -209,6 +209,41 @@ def parse_input_prompts(value: Any, takes_images: bool = False) -> list[Prompt]:
     raise bad_request(BAD_ELEMENTS)
 
 
+BAD_LATE_CHUNKING = '"late_chunking" must be a boolean'
+BAD_TRUNCATION_DIRECTION = '"truncation_direction" must be "right" or "left" (or "Right", "Left")'
+TRUNCATION_DIRECTIONS = ("right", "left", "Right", "Left")  # TEI's spellings and the lower-case ones
+
+
+def parse_late_chunking(body: dict[str, Any]) -> bool:
+    """Jina's `late_chunking` (absent or null: off), read the same on every embedding route."""
+    value = body.get("late_chunking")
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise bad_request(BAD_LATE_CHUNKING)
+    return value
+
+
+def parse_truncation_direction(body: dict[str, Any]) -> str:
+    """TEI's `truncation_direction` on the routes whose own servers have none: "right" (default) or "left"."""
+    value = body.get("truncation_direction")
+    if value is None:
+        return "right"
+    if value not in TRUNCATION_DIRECTIONS:
+        raise bad_request(BAD_TRUNCATION_DIRECTION)
+    return value.lower()
+
+
+def chunk_texts(prompts: list[Prompt]) -> list[str]:
+    """A late-chunked request's inputs as its chunks: each one a text (token ids and images are not pieces of a
+    document's text)."""
+    for i, prompt in enumerate(prompts):
+        if len(prompt) != 1 or not isinstance(prompt[0], str):
+            raise bad_request(f"late_chunking takes texts only: input {i} is not a text (token ids and images "
+                              f"cannot be chunks of one document's text)")
+    return [prompt[0] for prompt in prompts]
+
+
 def count_prompts(value: Any) -> int:
     """How many prompts parse_input_prompts(value) gives, read off the raw value without parsing any (so a
     request over the count limits is refused before its inputs are read): a list's length, one for a list

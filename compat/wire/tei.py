@@ -32,6 +32,8 @@ from engine import check_dimensions
 from engine.errors import EmptyInput, EngineError, InputTooLong, InvalidTokens, NotLoaded, QueueFull
 from engine.types import EmbedResult, ModelInfo, Pooling, TokenSpan
 
+LATE_CHUNKING_EMBED_ALL = ('"late_chunking" pools each chunk\'s token rows into one vector; /embed_all answers the '
+                           'rows themselves: late-chunk on /embed')
 BAD_DIRECTION = '"truncation_direction" must be "Right" or "Left"'
 EMPTY_INPUTS = "`inputs` cannot be empty"
 BAD_SIMILARITY = '"inputs" must be {"source_sentence": string, "sentences": [string, ...]}'
@@ -111,6 +113,7 @@ class TeiEmbedRequest:
     prompt_name: str | None
     dimensions: int | None
     truncate_left: bool = False
+    late_chunking: bool = False  # our extension, as on every embedding route (/embed only)
 
 
 def _prompts(value: Any) -> list[Prompt]:
@@ -127,7 +130,10 @@ def parse_embed_request(body: dict[str, Any], *, width: int, per_token: bool = F
     prompts = _prompts(body.get("inputs"))
     truncate, left = _truncation(body)
     prompt_name = _prompt_name(body)
+    late_chunking = _bool(body, "late_chunking", False)
     if per_token:
+        if late_chunking:
+            raise TeiError("Validation", LATE_CHUNKING_EMBED_ALL, status=422)
         return TeiEmbedRequest(prompts, -1, truncate, prompt_name, None, left)
     normalize = _bool(body, "normalize", True)
     dimensions = body.get("dimensions")
@@ -135,7 +141,7 @@ def parse_embed_request(body: dict[str, Any], *, width: int, per_token: bool = F
         check_dimensions(dimensions, width)
     except EngineError as exc:
         raise tei_error(exc) from None
-    return TeiEmbedRequest(prompts, 2 if normalize else -1, truncate, prompt_name, dimensions, left)
+    return TeiEmbedRequest(prompts, 2 if normalize else -1, truncate, prompt_name, dimensions, left, late_chunking)
 
 
 def render_embed_response(result: EmbedResult) -> list[np.ndarray]:

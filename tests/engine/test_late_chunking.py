@@ -173,3 +173,22 @@ def test_a_late_chunked_document_is_the_same_beside_concurrent_requests(mean_eng
             future.result()
         for a, b in zip(alone, late.result().vectors):
             np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_the_python_api_late_chunks_and_cuts_either_way(bert, mean_engine):
+    from engine import Encoder
+
+    encoder = Encoder(bert[0], pooling="mean", truncate=True, ubatch_tokens=32, threads=2)
+    try:
+        embedded = encoder.embed_late_chunks(CHUNKS[:2])
+        expected = mean_engine.embed_late_chunks(CHUNKS[:2], embd_normalize=2)
+        np.testing.assert_allclose(embedded.vectors, np.asarray(expected.vectors), atol=1e-6)
+        assert embedded.n_tokens == expected.n_tokens
+        text = " ".join(f"word{i}" for i in range(40))
+        ids = mean_engine.tokenizer.encode(text)
+        for direction in ("left", "right"):
+            (vector,) = encoder.encode(text, truncation_direction=direction)
+            cut = mean_engine.tokenizer.truncate(ids, 32, direction)
+            np.testing.assert_allclose(vector, mean_engine.embed([cut], embd_normalize=2).vectors[0], atol=1e-6)
+    finally:
+        encoder.close()
