@@ -197,17 +197,18 @@ class Residency:
         lease = Lease(self, slot, engine)
         try:
             engine.wait_loaded(timeout_s)
-        except NotLoaded:
-            lease.release()
-            raise
         except BaseException as exc:
             with self._lock:
-                # refused by the memory budget while it finished loading: that is the answer
+                # refused by the memory budget when its load ended (and closed): that is the answer
                 refusal = slot.last_error if slot.engine is not engine and slot.failed else None
-                closing = self._fail(slot, engine, exc)
+                closing = [] if refusal or isinstance(exc, NotLoaded) else self._fail(slot, engine, exc)
             self._close(closing)
             lease.release()
-            raise LoadFailed(refusal or f"{slot.label} failed to load: {exc}") from exc
+            if refusal:
+                raise ModelTooLarge(refusal) from exc
+            if isinstance(exc, NotLoaded):
+                raise
+            raise LoadFailed(f"{slot.label} failed to load: {exc}") from exc
         with self._lock:  # the load ended: its measured size is checked before the engine serves anything
             closing, refused = self._measure(slot, engine)
         self._close(closing)
