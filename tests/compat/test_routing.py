@@ -359,3 +359,17 @@ def test_two_first_use_requests_under_a_budget_of_one_model_both_answer(tmp_path
         assert [answer.result(10).status_code for answer in answers] == [200, 200]
     loaded = [name for name, item in server.models().items() if item["status"]["value"] == "loaded"]
     assert len(loaded) == 1 and len(engines.of("minilm")) == len(engines.of("tiny")) == 1
+
+
+def test_a_load_refused_by_the_budget_without_a_request_shows_its_error_in_models(tmp_path):
+    engines = Engines()
+    engines.sizes = {"ce": 2_000_000_000}
+    server = Server(tmp_path, PRESET, "--models-memory", "1G", engines=engines)
+    assert server.client.simulate_post("/models/load", json={"model": "ce"}).json == {"success": True}
+    engines.first_made("ce")
+    deadline = time.monotonic() + 10
+    while server.models()["ce"]["status"]["value"] != "failed":  # measured when its load ended
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    stats = server.models()["ce"]["stats"]
+    assert stats["requests"] == 0 and "2000000000 bytes resident" in stats["last_error"]

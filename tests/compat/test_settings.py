@@ -579,7 +579,8 @@ def test_models_memory_reads_bytes_or_a_unit(text, value):
 
 
 def test_models_memory_from_a_config_file_and_its_errors(tmp_path):
-    assert parse(files=[ini(tmp_path, "c.ini", "models-memory = 8G\nmodels-memory-floor = 2G\n")]).models_memory == 8 * 2**30
+    settings = parse(files=[ini(tmp_path, "c.ini", "models-memory = 8G\nmodels-memory-floor = 2G\n")])
+    assert (settings.models_memory, settings.models_memory_floor) == (8 * 2**30, 2 * 2**30)
     for text in ("1.5", "4Q", "G", "-1", "4 G B"):
         with pytest.raises(SettingsError, match="invalid amount of memory"):
             parse(["--models-memory", text])
