@@ -79,7 +79,7 @@ def _schemas(settings: Settings) -> dict[str, Schema]:
                     "properties": {"id": _STRING, "object": {"const": "model"}, "aliases": {"type": "array"},
                                    "tags": {"type": "array"}, "created": _INT, "owned_by": _STRING,
                                    "meta": {"type": "object"}, "status": {"type": "object"}, "kind": _STRING,
-                                   "stats": {"type": "object"}}}
+                                   "memory_bytes": _INT, "stats": {"type": "object"}}}
     return {
         "Error": {
             "type": "object", "required": ["error"],

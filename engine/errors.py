@@ -48,6 +48,15 @@ class LoadFailed(EngineError):
     """A model could not be loaded (several-model server); the next request or explicit load retries."""
 
 
+class ModelTooLarge(LoadFailed):
+    """A model alone holds more than the whole memory budget (--models-memory): it is never served."""
+
+
+class NotEnoughMemory(LoadFailed):
+    """Loading a model now would leave less system memory free than the floor (--models-memory-floor), even
+    with every idle model unloaded; a later request may find the room."""
+
+
 class QueueFull(EngineError):
     """The engine's bounded queue cannot take the request's inputs now."""
 

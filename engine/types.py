@@ -205,4 +205,8 @@ class ResidencyStatus:
 
     @property
     def loaded_bytes(self) -> int:
-        return self.info.size_bytes if self.info is not None else 0
+        """What the model holds in memory while loaded: its weights as loaded (ModelInfo.resident_bytes, measured at
+        load), not its file size; 0 while not loaded."""
+        if self.info is None:
+            return 0
+        return self.info.resident_bytes or self.info.size_bytes
