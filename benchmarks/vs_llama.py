@@ -474,7 +474,7 @@ def report(results: list[Rounds], rss: dict[str, dict[str, float]], long_info: d
              "GGUF file for both",
              f"- short, long, single, rerank: both servers `--embedding {SERVER_FLAGS}` (+ `--pooling mean` for "
              f"llama's MiniLM, `--reranking` for the cross-encoder); quantized: the short load with the same flags",
-             f"- {rounds} rounds, orders rotating (A B, B A, ...)", ""]
+             f"- {rounds} round{'' if rounds == 1 else 's'}, orders rotating (A B, B A, ...)", ""]
     cores = os.cpu_count() or 1
     if load_avg[0] > cores / 2:
         lines += [f"> Taken on a loaded machine: the load average was {load_avg[0]:.1f} on {cores} cores when it "
