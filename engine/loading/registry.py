@@ -273,7 +273,7 @@ def choose_pooling(flag: Pooling | None, checkpoint: Checkpoint, loaded: LoadedM
     A sparse encoder (checkpoint.splade: its SpladePooling module, or --pooling splade) pools by SPLADE."""
     if flag is Pooling.RANK:
         return flag
-    if checkpoint.splade is not None:  # its masked-LM head pooled by SPLADE (the loader built it so)
+    if loaded.default_pooling is Pooling.SPLADE:  # a masked LM built for its SPLADE head (checkpoint.splade)
         return Pooling.SPLADE
     if loaded.multi_vector:  # one vector per token, projected and normalized by the family
         if flag not in (None, Pooling.NONE):
