@@ -106,6 +106,12 @@ def test_dense_routes_on_a_sparse_model(client, folder):
     assert res.status_code == 400
     assert res.json["error"]["type"] == "invalid_request_error"
     assert "sparse (SPLADE) encoder" in res.json["error"]["message"] and "/embed_sparse" in res.json["error"]["message"]
+    # Ollama's /api/embed and Cohere's embed normalize: refused in their own error shapes
+    res = client.simulate_post("/api/embed", json={"model": "m", "input": "hello"})
+    assert res.status_code == 400 and "/embed_sparse" in res.json["error"]
+    res = client.simulate_post("/v2/embed", json={"texts": ["hello"], "input_type": "search_query",
+                                                  "embedding_types": ["float"]})
+    assert res.status_code == 400 and "/embed_sparse" in res.json["message"]
 
 
 def test_props_models_info_metrics_and_openapi(client):

@@ -151,3 +151,48 @@ def test_refusals(bert_mlm, tmp_path):
     # another --pooling serves a SparseEncoder's trunk as a dense embedder
     with Encoder(folder, pooling="mean", **FAST) as trunk:
         assert not trunk.info.is_sparse and trunk.info.n_embd == 64
+
+
+def _modules(*types: str) -> list[dict]:
+    paths = {"MLMTransformer": "", "Transformer": "", "SpladePooling": "1_SpladePooling", "Pooling": "1_Pooling",
+             "Normalize": "2_Normalize", "SparseStaticEmbedding": "0_SparseStaticEmbedding"}
+    return [{"idx": i, "name": str(i), "path": paths[t], "type": f"sentence_transformers.sparse_encoder.modules.{t}"}
+            for i, t in enumerate(types)]
+
+
+def _read(folder: Path, modules: list[dict], splade: dict | None = None, sbert: dict | None = None,
+          st_config: dict | None = None):
+    import json
+
+    from engine.loading.safetensors import SafetensorsFormat
+
+    folder.mkdir(parents=True, exist_ok=True)
+    files = {"config.json": {"model_type": "bert", "architectures": ["BertForMaskedLM"]}, "modules.json": modules,
+             "1_SpladePooling/config.json": splade, "sentence_bert_config.json": sbert,
+             "config_sentence_transformers.json": st_config}
+    for name, content in files.items():
+        if content is not None:
+            (folder / name).parent.mkdir(parents=True, exist_ok=True)
+            (folder / name).write_text(json.dumps(content), encoding="utf-8")
+    return SafetensorsFormat.read(folder)
+
+
+def test_reading_sparse_encoder_modules(tmp_path):
+    """What modules.json and the SpladePooling config make of a checkpoint, refusals by name included."""
+    read = _read(tmp_path / "a", _modules("MLMTransformer", "SpladePooling"),
+                 {"pooling_strategy": "sum", "activation_function": "log1p_relu"}, st_config={"max_active_dims": 9})
+    assert (read.splade.strategy, read.splade.activation, read.splade.max_active_dims) == ("sum", "log1p_relu", 9)
+    read = _read(tmp_path / "b", _modules("Transformer", "SpladePooling"), sbert={"transformer_task": "fill-mask"})
+    assert (read.splade.strategy, read.splade.activation, read.splade.max_active_dims) == ("max", "relu", None)
+    assert _read(tmp_path / "c", _modules("Transformer", "Pooling")).splade is None
+    refusals = [
+        (_modules("Transformer", "SpladePooling"), None, None, None, "masked-LM Transformer followed by SpladePooling"),
+        (_modules("MLMTransformer", "SpladePooling", "Normalize"), None, None, None, r"SpladePooling \+ Normalize"),
+        (_modules("MLMTransformer"), None, None, None, "an MLMTransformer without SpladePooling"),
+        (_modules("MLMTransformer", "SpladePooling"), {"pooling_strategy": "mean"}, None, None, "'mean'"),
+        (_modules("MLMTransformer", "SpladePooling"), None, None, {"max_active_dims": 0}, "positive integer"),
+        (_modules("SparseStaticEmbedding"), None, None, None, "SparseStaticEmbedding"),
+    ]
+    for i, (modules, splade, sbert, st_config, message) in enumerate(refusals):
+        with pytest.raises(UnsupportedCheckpoint, match=message):
+            _read(tmp_path / f"r{i}", modules, splade, sbert, st_config)
