@@ -41,6 +41,12 @@ def tei_schemas(max_client_batch_size: int) -> dict[str, Schema]:
         "TeiEmbedRequest": {"type": "object", "required": ["inputs"], "properties": {
             **common, "normalize": _OPTIONAL_BOOL, "dimensions": {"type": ["integer", "null"]}}},
         "TeiEmbedAllRequest": {"type": "object", "required": ["inputs"], "properties": common},
+        "TeiEmbedSparseRequest": {"type": "object", "required": ["inputs"], "properties": {
+            **common, "max_active_dims": {"type": ["integer", "null"], "minimum": 1,
+                                          "description": "ours: keep each vector's largest entries (null: the "
+                                                         "checkpoint's max_active_dims, else all)"}}},
+        "TeiSparseEmbeddings": {"type": "array", "items": {"type": "array", "items": {
+            "type": "object", "required": ["index", "value"], "properties": {"index": _INT, "value": {"type": "number"}}}}},
         "TeiSimilarityRequest": {"type": "object", "required": ["inputs"], "properties": {
             "inputs": similarity_inputs, "parameters": parameters, "model": _MODEL}},
         "TeiEmbeddings": {"type": "array", "items": vector},
@@ -98,13 +104,19 @@ TEI_OPERATIONS: dict[str, dict[str, Schema]] = {
     "/embed_all": {"post": {"summary": "TEI: each input's per-token rows (a model served with --pooling none)",
                             "requestBody": _body(_ref("TeiEmbedAllRequest")),
                             "responses": tei_answers(_ref("TeiTokenEmbeddings"))}},
+    "/embed_sparse": {"post": {"summary": "TEI: a sparse (SPLADE) encoder's nonzero entries per input, "
+                                          "[{index, value}] by ascending index",
+                               "requestBody": _body(_ref("TeiEmbedSparseRequest")),
+                               "responses": tei_answers(_ref("TeiSparseEmbeddings"))}},
     "/similarity": {"post": {"summary": "TEI: the cosine of each sentence with the source sentence",
                              "requestBody": _body(_ref("TeiSimilarityRequest")),
                              "responses": tei_answers(_ref("TeiSimilarity"))}},
-    "/": {"post": {"summary": "TEI's root route (huggingface_hub's InferenceClient): /embed, or /similarity when "
-                              "`inputs` is {source_sentence, sentences}",
-                   "requestBody": _body({"anyOf": [_ref("TeiEmbedRequest"), _ref("TeiSimilarityRequest")]}),
-                   "responses": tei_answers({"anyOf": [_ref("TeiEmbeddings"), _ref("TeiSimilarity")]})}},
+    "/": {"post": {"summary": "TEI's root route (huggingface_hub's InferenceClient): /embed (/embed_sparse for a "
+                              "sparse model), or /similarity when `inputs` is {source_sentence, sentences}",
+                   "requestBody": _body({"anyOf": [_ref("TeiEmbedRequest"), _ref("TeiSimilarityRequest"),
+                                                   _ref("TeiEmbedSparseRequest")]}),
+                   "responses": tei_answers({"anyOf": [_ref("TeiEmbeddings"), _ref("TeiSimilarity"),
+                                                       _ref("TeiSparseEmbeddings")]})}},
     "/decode": {"post": {"summary": "TEI: token ids back to text, one string per list",
                          "requestBody": _body(_ref("TeiDecodeRequest")), "responses": tei_answers(_ref("TeiDecoded"))}},
     "/info": {"get": {"summary": "TEI's Info: the model and the server's limits",

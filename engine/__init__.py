@@ -27,11 +27,14 @@ from engine.types import (  # noqa: E402
                           Pooling,
                           RerankResult,
                           ResidencyStatus,
+                          SparseResult,
+                          SparseVector,
                           Timings,
                           VocabType,
 )
 
 __all__ = ["DEFAULT_MODEL_NAME", "QUANTIZED_TYPES", "EmbedResult", "Encoder", "Engine", "EngineOptions", "ImageInput", "Lease",
-           "ModelInfo", "ModelState", "Pooling", "RerankResult", "Reranker", "Residency", "ResidencyStatus", "Timings",
+           "ModelInfo", "ModelState", "Pooling", "RerankResult", "Reranker", "Residency", "ResidencyStatus", "SparseResult",
+           "SparseVector", "Timings",
            "VocabType", "check_dimensions", "data_folder", "default_model", "dequantize", "errors", "maxsim",
            "normalize_embedding", "quantize"]

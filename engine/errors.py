@@ -26,6 +26,15 @@ class InvalidTokens(InvalidInput):
     """A token id outside [0, n_vocab)."""
 
 
+class SparseOnly(InvalidInput):
+    """A request a sparse (SPLADE) encoder does not answer: a normalized dense vector of it (TEI refuses
+    `normalize` for SPLADE models), or its per-token rows."""
+
+
+class NotSparse(InvalidInput):
+    """Sparse vectors asked of a model that gives dense ones."""
+
+
 class InputTooLong(InvalidInput):
     """An input exceeds the per-input limit and truncation is off.
 

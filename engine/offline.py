@@ -18,7 +18,7 @@ import numpy as np
 from engine.compute.normalize import check_dimensions
 from engine.errors import InputTooLong, InvalidInput
 from engine.runtime.engine import Engine
-from engine.types import EngineOptions, ImageInput, ModelInfo, Pooling, RerankItem
+from engine.types import EngineOptions, ImageInput, ModelInfo, Pooling, RerankItem, SparseVector
 
 # Inputs handed to the engine at once: under its queue bound, large enough to sort by length and fill batches.
 SUBMIT_CHUNK = 1024
@@ -85,6 +85,23 @@ class TokenVectors:
 
     rows: list[np.ndarray]
     n_tokens: list[int]
+
+
+@dataclass
+class SparseEmbedded:
+    """`Encoder.embed_sparse`'s answer: a SPLADE encoder's vectors as their nonzero entries (`indices` ascending,
+    `values`, over `dimension` = the vocabulary) and each input's token count."""
+
+    vectors: list[SparseVector]
+    n_tokens: list[int]
+
+    def dense(self) -> np.ndarray:
+        """The vectors as a dense float32 [n, dimension] array (what SparseEncoder.encode(...).to_dense() gives)."""
+        width = self.vectors[0].dimension if self.vectors else 0
+        out = np.zeros((len(self.vectors), width), np.float32)
+        for row, vector in zip(out, self.vectors):
+            row[vector.indices] = vector.values
+        return out
 
 
 @dataclass
@@ -164,6 +181,19 @@ class Encoder(_Loaded):
                                                embd_normalize=normalization(normalize), dimensions=dimensions,
                                                truncation_direction=truncation_direction)
         return Embedded(_stacked(result.vectors, size), result.n_tokens)
+
+    def embed_sparse(self, texts: str | Sequence[str], *, prompt_name: str | None = None,
+                     max_active_dims: int | None = None, batch_size: int | None = None) -> SparseEmbedded:
+        """A sparse (SPLADE) encoder's vectors, as the server's POST /embed_sparse answers them: per text its
+        nonzero entries over the vocabulary, kept to the `max_active_dims` largest (None: the checkpoint's
+        own max_active_dims, else all), as sentence-transformers' SparseEncoder.encode computes them. A dense
+        model raises InvalidInput (NotSparse); a sparse one refuses `encode` / `embed` with normalization."""
+        if isinstance(texts, str):
+            texts = [texts]
+        prompts = self._prompts(list(texts), prompt_name, None)
+        results = [self.engine.embed_sparse(prompts[part], max_active_dims=max_active_dims)
+                   for part in self._chunks(len(prompts), batch_size)]
+        return SparseEmbedded([v for r in results for v in r.vectors], [n for r in results for n in r.n_tokens])
 
     def embed_images(self, images: Sequence[bytes | str | Path], *, normalize: bool | int = True,
                      dimensions: int | None = None, batch_size: int | None = None, prompt_name: str | None = None,

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import NamedTuple, Union
+from typing import Any, NamedTuple, Union
 
 
 class TokenSpan(NamedTuple):
@@ -17,7 +17,7 @@ class TokenSpan(NamedTuple):
 
 
 class Pooling(str, enum.Enum):
-    """How per-token hidden states become one vector (llama-server's --pooling, plus max)."""
+    """How per-token hidden states become one vector (llama-server's --pooling, plus max and TEI's splade)."""
 
     NONE = "none"
     MEAN = "mean"
@@ -25,6 +25,7 @@ class Pooling(str, enum.Enum):
     LAST = "last"
     MAX = "max"
     RANK = "rank"
+    SPLADE = "splade"  # a masked LM's logits -> log(1 + relu), max (or sum) over tokens: one sparse vector
 
 
 class VocabType(enum.IntEnum):
@@ -114,10 +115,17 @@ class ModelInfo:
     weights: str = ""
     resident_bytes: int = 0
     kernels: str = ""  # the kernel set chosen from the device at load: "cpu-arithmetic" or "fused"
+    # a sparse (SPLADE) encoder: the most nonzero entries a vector keeps (its config's max_active_dims); None: all
+    max_active_dims: int | None = None
 
     @property
     def is_reranker(self) -> bool:
         return self.kind != "embedder"
+
+    @property
+    def is_sparse(self) -> bool:
+        """A SPLADE encoder: one vector over the vocabulary (n_embd = n_vocab), mostly zeros."""
+        return self.pooling is Pooling.SPLADE
 
     @property
     def takes_images(self) -> bool:
@@ -168,6 +176,25 @@ class EmbedResult:
     """
 
     vectors: list
+    n_tokens: list[int]
+    timings: Timings = field(default_factory=Timings)
+
+
+@dataclass(frozen=True)
+class SparseVector:
+    """A sparse vector's nonzero entries, indices ascending (vocabulary ids for a SPLADE encoder): int64 and
+    float32 numpy arrays of the same length."""
+
+    indices: Any
+    values: Any
+    dimension: int  # the full width (the vocabulary size)
+
+
+@dataclass
+class SparseResult:
+    """Sparse embeddings for one request, in input order (Engine.embed_sparse)."""
+
+    vectors: list[SparseVector]
     n_tokens: list[int]
     timings: Timings = field(default_factory=Timings)
 

@@ -13,6 +13,7 @@ from compat.errors import ApiError, check_client_batch, not_supported
 from compat.listener import http_threads
 from compat.resources.embeddings import embed_request_prompts
 from compat.resources.leasing import model_request
+from compat.resources.sparse import TeiSparseResource, embed_sparse
 from compat.routing import EMBEDDINGS_DISABLED, Models, Served
 from compat.wire.tei import (
     TeiError,
@@ -94,8 +95,9 @@ class TeiSimilarityResource:
 
 
 class TeiRootResource:
-    """POST /: TEI routes by the model's type; an embedder answers `inputs` as /embed, or as /similarity when
-    `inputs` is {source_sentence, sentences} (huggingface_hub's InferenceClient posts both here)."""
+    """POST /: TEI routes by the model's type; an embedder answers `inputs` as /embed (a sparse one as
+    /embed_sparse), or as /similarity when `inputs` is {source_sentence, sentences} (huggingface_hub's
+    InferenceClient posts both here)."""
 
     def __init__(self, models: Models):
         self._models = models
@@ -107,8 +109,12 @@ class TeiRootResource:
             if not served.settings.embedding:  # as /embed: embeddings need --embedding
                 raise not_supported(EMBEDDINGS_DISABLED)
             request = body()
-            answer = _similarity(served, request) if is_similarity(request) else _embed(served, request,
-                                                                                        per_token=False)
+            if is_similarity(request):
+                answer = _similarity(served, request)
+            elif served.engine.info.is_sparse:  # TEI routes a splade model's POST / to /embed_sparse
+                answer = embed_sparse(served, request)
+            else:
+                answer = _embed(served, request, per_token=False)
         resp.media = answer
 
 
@@ -164,5 +170,6 @@ def tei_routes(models: Models, version: str) -> dict[str, object]:
     """TEI's native routes for the app's route table (its /rerank is the llama route's `texts` shape)."""
     return {"/": TeiRootResource(models), "/embed": TeiEmbedResource(models),
             "/embed_all": TeiEmbedResource(models, per_token=True), "/similarity": TeiSimilarityResource(models),
+            "/embed_sparse": TeiSparseResource(models),
             "/decode": TeiDecodeResource(models),
             "/info": TeiInfoResource(models, version)}

@@ -79,8 +79,10 @@ class Settings(ExplicitSettings):
                              env="LLAMA_ARG_EMBEDDINGS", group="embeddings", per_model=True,
                              help="serve the embedding routes (one model: without it they answer 501, as in llama-server)")
     pooling: Pooling | None = option(
-        None, flags=["--pooling"], env="LLAMA_ARG_POOLING", metavar="{none,mean,cls,last,rank,max}",
-        group="embeddings", per_model=True, help="pooling type; unset = the model's own (max is our extension)")
+        None, flags=["--pooling"], env="LLAMA_ARG_POOLING", metavar="{none,mean,cls,last,rank,max,splade}",
+        group="embeddings", per_model=True,
+        help="pooling type; unset = the model's own (max and splade are our extensions: splade serves a "
+             "BertForMaskedLM / DistilBertForMaskedLM as a sparse encoder on /embed_sparse, as TEI's --pooling splade)")
     embd_normalize: int = option(
         2, flags=["--embd-normalize"], metavar="N", group="embeddings", per_model=True,
         help="default normalization of pooled vectors on every embedding route (a request's embd_normalize "

@@ -112,7 +112,8 @@ def request_capabilities(info: ModelInfo, *, prompt_texts: bool) -> dict[str, An
     name -> text), the default one, the instruction template, whether texts go through its chat template, the
     `dimensions` range (Matryoshka; null for a multi-vector model, which refuses it), what an input may be
     (input_modalities: "text", "image") and whether the model answers one vector per token (multi_vector: a
-    late-interaction model, which /maxsim scores). A reranker has only input_modalities: what its query and
+    late-interaction model, which /maxsim scores); a sparse (SPLADE) encoder adds sparse: true and its
+    max_active_dims. A reranker has only input_modalities: what its query and
     documents may be."""
     if info.is_reranker:
         return {"input_modalities": list(info.modalities)}
@@ -122,7 +123,9 @@ def request_capabilities(info: ModelInfo, *, prompt_texts: bool) -> dict[str, An
             "chat_template_inputs": info.chat_template_inputs,
             "dimensions": None if info.multi_vector else {"min": 1, "max": info.n_embd},
             "input_modalities": list(info.modalities),
-            "multi_vector": info.multi_vector}
+            "multi_vector": info.multi_vector,
+            # a sparse (SPLADE) encoder: /embed_sparse answers it; n_embd is its vocabulary
+            **({"sparse": True, "max_active_dims": info.max_active_dims} if info.is_sparse else {})}
 
 
 def render_slots_response(info: ModelInfo, n_processing: int) -> list[dict[str, Any]]:

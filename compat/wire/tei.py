@@ -29,7 +29,16 @@ import numpy as np
 from compat.errors import ApiError, api_error_from_engine
 from compat.wire.inputs import Prompt, is_token, parse_input_prompts
 from engine import check_dimensions
-from engine.errors import EmptyInput, EngineError, InputTooLong, InvalidTokens, NotLoaded, QueueFull
+from engine.errors import (
+    EmptyInput,
+    EngineError,
+    InputTooLong,
+    InvalidTokens,
+    NotLoaded,
+    NotSparse,
+    QueueFull,
+    SparseOnly,
+)
 from engine.types import EmbedResult, ModelInfo, Pooling, TokenSpan
 
 LATE_CHUNKING_EMBED_ALL = ('"late_chunking" pools each chunk\'s token rows into one vector; /embed_all answers the '
@@ -39,6 +48,9 @@ EMPTY_INPUTS = "`inputs` cannot be empty"
 BAD_SIMILARITY = '"inputs" must be {"source_sentence": string, "sentences": [string, ...]}'
 NOT_POOLING_NONE = ("/embed_all answers per-token rows, which this server gives only for a model served with "
                     "--pooling none; this model pools with {pooling}: use /embed, or start it with --pooling none")
+
+NOT_FOR_SPLADE = ("`embed_all` is not available for SPLADE models (this one gives one sparse vector per input: "
+                  "POST /embed_sparse)")
 
 # TEI's ErrorType -> status (server.rs)
 _STATUS = {"Validation": 413, "Empty": 400, "Tokenizer": 422, "Overloaded": 429, "Unhealthy": 503, "Backend": 424}
@@ -68,6 +80,8 @@ def tei_error(exc: ApiError | EngineError) -> TeiError:
             return TeiError("Overloaded", str(exc) or "Model is overloaded")
         if isinstance(exc, NotLoaded):
             return TeiError("Unhealthy", "Loading model")
+        if isinstance(exc, (SparseOnly, NotSparse)):  # TEI: a Backend error (424) naming the model type
+            return TeiError("Backend", str(exc))
         if isinstance(exc, InputTooLong):
             return TeiError("Validation", f"`inputs` must have less than {exc.limit} tokens. Given: "
                                           f"{exc.n_tokens} (send \"truncate\": true to cut it)")
@@ -150,6 +164,8 @@ def render_embed_response(result: EmbedResult) -> list[np.ndarray]:
 
 
 def check_embed_all(info: ModelInfo) -> None:
+    if info.is_sparse:
+        raise TeiError("Backend", NOT_FOR_SPLADE)
     if info.pooling is not Pooling.NONE or info.multi_vector:
         raise TeiError("Backend", NOT_POOLING_NONE.format(pooling=info.pooling.value))
 

@@ -44,3 +44,19 @@ def pool_segments(hidden: mx.array, segments: Sequence[Sequence[int]], mode: Poo
     if mode is Pooling.MAX:
         return mx.stack([hidden[mx.array(list(rows))].max(axis=0) for rows in segments])
     raise UnsupportedCheckpoint(f"pooling {mode.value!r} does not produce one vector per chunk")
+
+
+def splade(logits: mx.array, mask: mx.array, strategy: str = "max", activation: str = "relu") -> mx.array:
+    """A masked LM's logits [B, L, V], mask [B, L] -> [B, V], as sentence-transformers' SpladePooling computes
+    it: log(1 + relu(logit)) of every real token (padding counts as a logit of 0), a second log1p for
+    "log1p_relu", then the max (or the sum) over the tokens. log1p and relu never decrease, so the max of the
+    transformed logits is the transform of the max logit: max pooling transforms [B, V] values only."""
+    real = (mask != 0)[..., None]
+    if strategy == "max":
+        top = mx.where(real, logits, mx.zeros((), logits.dtype)).max(axis=1).astype(mx.float32)
+        out = mx.log1p(mx.maximum(top, 0.0))
+        return mx.log1p(out) if activation == "log1p_relu" else out
+    out = mx.log1p(mx.maximum(mx.where(real, logits.astype(mx.float32), 0.0), 0.0))
+    if activation == "log1p_relu":
+        out = mx.log1p(out)
+    return out.sum(axis=1)

@@ -80,6 +80,10 @@ GENERATIVE_RERANKERS = {
     "qwen3_vl": "Qwen3VLForConditionalGeneration",  # Qwen3-VL-Reranker: images in the query and documents
 }
 
+# SPLADE sparse encoders (a SparseEncoder's SpladePooling, or --pooling splade): the masked LMs whose head a
+# family builds (its MaskedLM), as TEI serves them
+SPARSE_ENCODERS = {"bert": "BertForMaskedLM", "distilbert": "DistilBertForMaskedLM"}
+
 # Without 1_Pooling/config.json: what sentence-transformers itself would do with a bare encoder.
 FAMILY_DEFAULT_POOLING = {"bert": Pooling.MEAN, "xlm_roberta": Pooling.MEAN, "modernbert": Pooling.MEAN,
                           "nomic_bert": Pooling.MEAN, "gte": Pooling.MEAN, "mpnet": Pooling.MEAN,
@@ -141,6 +145,21 @@ class LoadedModel:
                    projection=projection, input_builder=input_builder, multi_vector=trunk.multi_vector,
                    pools_itself=trunk.pools_itself, scores_are_probabilities=scores_are_probabilities,
                    weights=weights, resident_bytes=resident_bytes or size_bytes)
+
+
+def masked_lm_class(family: ModuleType, checkpoint: Checkpoint) -> type:
+    """The family's MaskedLM (its trunk with the MLM head) for a SPLADE checkpoint, which must be a masked LM
+    (TEI: "Splade pooling is not supported: model is not a ForMaskedLM model")."""
+    name = family_name(checkpoint)
+    served = SPARSE_ENCODERS.get(name)
+    if served is None or checkpoint.architecture != served or not hasattr(family, "MaskedLM"):
+        raise UnsupportedCheckpoint(
+            f"{checkpoint.path}: SPLADE pooling (a sparse encoder) needs a masked-LM checkpoint with its MLM head; "
+            f"{checkpoint.architecture or checkpoint.model_type} is not one served here (supported: "
+            f"{', '.join(sorted(SPARSE_ENCODERS.values()))})")
+    if checkpoint.dense_folders:
+        raise UnsupportedCheckpoint(f"{checkpoint.path}: Dense modules are not supported with SPLADE pooling")
+    return family.MaskedLM
 
 
 def family_name(checkpoint: Checkpoint) -> str:
@@ -250,9 +269,12 @@ def choose_pooling(flag: Pooling | None, checkpoint: Checkpoint, loaded: LoadedM
     """The pooling a loaded model serves with, the one place it is decided: rank mode (--reranking) scores with
     the reranker's head; a multi-vector family gives one vector per token and a family with its own pooling
     heads pools through them (--pooling may only name what they do); any other embedder takes --pooling, else
-    the pooling its checkpoint stores, else its default (`loaded.default_pooling`, the format's and family's)."""
+    the pooling its checkpoint stores, else its default (`loaded.default_pooling`, the format's and family's).
+    A sparse encoder (checkpoint.splade: its SpladePooling module, or --pooling splade) pools by SPLADE."""
     if flag is Pooling.RANK:
         return flag
+    if loaded.default_pooling is Pooling.SPLADE:  # a masked LM built for its SPLADE head (checkpoint.splade)
+        return Pooling.SPLADE
     if loaded.multi_vector:  # one vector per token, projected and normalized by the family
         if flag not in (None, Pooling.NONE):
             raise UnsupportedCheckpoint(

@@ -13,7 +13,8 @@ from typing import TypeVar
 
 from engine.compute.maxsim import maxsim_scores
 from engine.compute.normalize import check_dimensions, finish
-from engine.errors import InvalidInput, NotLoaded, ReplyTimeout
+from engine.compute.sparse import check_max_active_dims, sparsify
+from engine.errors import InvalidInput, NotLoaded, NotSparse, ReplyTimeout, SparseOnly
 from engine.loading import registry
 from engine.multimodal.images import InvalidImage, decode
 from engine.multimodal.inputs import PreparedInput
@@ -32,6 +33,7 @@ from engine.types import (
     Pooling,
     RerankItem,
     RerankResult,
+    SparseResult,
     Timings,
     TokenSpan,
 )
@@ -232,10 +234,29 @@ class Engine:
             why = "its pooling is 'none' (late chunking pools each chunk's rows as the model pools an input)"
         elif model.builder is not None or model.chat is not None:
             why = "its inputs are built by its own prompt format or chat template"
+        elif info.is_sparse:
+            why = "it is a sparse (SPLADE) encoder: its vectors span the vocabulary, one per input"
         elif not model.pools_segments:
             why = "it pools inside its own head"
         if why is not None:
             raise InvalidInput(f"late chunking is not supported by this model ({name}): {why}")
+
+    def embed_sparse(self, prompts: Sequence[Sequence[str | int]], *, truncate: bool | None = None,
+                     timeout_s: float = 3600, labels: Sequence[str] | None = None, truncation_direction: str = "right",
+                     max_active_dims: int | None = None) -> SparseResult:
+        """A sparse (SPLADE) encoder's vectors for prompts as embed_prompts takes them (format_prompts applied):
+        each one's nonzero entries over the vocabulary, indices ascending, kept to the `max_active_dims` largest
+        (None: the checkpoint's own max_active_dims, else all), as SparseEncoder.encode gives them."""
+        info = self._require_embedder()
+        if not info.is_sparse:
+            raise NotSparse(f"this model ({info.architecture or info.model_type}) gives dense vectors (pooling "
+                            f"{info.pooling.value}); sparse vectors need a SPLADE encoder: a sentence-transformers "
+                            f"SparseEncoder checkpoint, or a masked LM started with --pooling splade")
+        top = check_max_active_dims(max_active_dims) or info.max_active_dims
+        result = self.embed_prompts(prompts, truncate=truncate, timeout_s=timeout_s, labels=labels,
+                                    truncation_direction=truncation_direction)
+        return SparseResult(vectors=[sparsify(v, top) for v in result.vectors], n_tokens=result.n_tokens,
+                            timings=result.timings)
 
     def maxsim(self, query: Sequence[str | int] | ImageInput, documents: Sequence[Sequence[str | int] | ImageInput], *,
                truncate: bool | None = None, timeout_s: float = 3600) -> RerankResult:
@@ -314,6 +335,12 @@ class Engine:
     def _embedded(self, token_lists: Sequence[list[int] | ImageInput | PreparedInput], info: ModelInfo,
                   truncate: bool | None, timeout_s: float, labels: Sequence[str] | None, embd_normalize: int,
                   dimensions: int | None, direction: str = "right") -> EmbedResult:
+        if info.is_sparse and embd_normalize != -1:
+            raise SparseOnly(f"this model ({info.architecture or info.model_type}) is a sparse (SPLADE) encoder: its "
+                             f"vectors span the vocabulary ({info.n_embd} entries, mostly zeros) and are not "
+                             f"normalized (TEI refuses `normalize` for SPLADE models too); ask for its sparse "
+                             f"vectors (POST /embed_sparse, Encoder.embed_sparse), or for raw dense ones "
+                             f"(normalize false, embd_normalize -1)")
         model = self._served()
         cut = self.options.truncate if truncate is None else truncate
         started = time.monotonic()

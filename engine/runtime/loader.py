@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from engine.checkpoint import Checkpoint
+from engine.checkpoint import Checkpoint, Splade
 from engine.compute.pipeline import CrossEncoderPipeline, EmbeddingPipeline, GenerativeRerankPipeline
 from engine.errors import UnsupportedCheckpoint
 from engine.families import kernels
@@ -56,6 +56,7 @@ def load(opts: EngineOptions, lanes: int, blas_threads: int) -> tuple[Runner, Se
     blas.set_budget(blas_threads)
     ckpt = formats.open_checkpoint(hub.resolve(opts.model_path, opts.hf_repo, opts.offline, opts.hf_file),
                                    label=opts.model_path or "")
+    ckpt = with_splade(ckpt, opts.pooling)
     rank_mode = opts.pooling is Pooling.RANK
     kind = ckpt.format.kind_of(ckpt, rank=rank_mode)
     if rank_mode and kind == registry.EMBEDDER:
@@ -85,7 +86,8 @@ def load(opts: EngineOptions, lanes: int, blas_threads: int) -> tuple[Runner, Se
     elif kind == registry.CROSS_ENCODER:
         runner = CrossEncoderPipeline(loaded.model)
     else:
-        runner = EmbeddingPipeline(loaded.model, mode, loaded.projection)
+        runner = EmbeddingPipeline(loaded.model, mode, loaded.projection,
+                                   (ckpt.splade.strategy, ckpt.splade.activation) if ckpt.splade else ("max", "relu"))
         if loaded.input_builder is not None:
             builder = loaded.input_builder(ckpt, tokenizer)
             token_bounds = bound_image_tokens(builder, opts, loaded.family)
@@ -117,6 +119,7 @@ def load(opts: EngineOptions, lanes: int, blas_threads: int) -> tuple[Runner, Se
         image_tokens=loaded.image_tokens, image_token_bounds=token_bounds, vision_language=builder is not None,
         multi_vector=loaded.multi_vector, weights=loaded.weights, resident_bytes=loaded.resident_bytes,
         kernels=kernels.active().name,  # chosen by shapes.prepare, before the first pass
+        max_active_dims=ckpt.splade.max_active_dims if ckpt.splade is not None else None,
         normalize_module=None if ckpt.format.name == "gguf" else "Normalize" in ckpt.module_types)
     log.info("loaded %s (%s, %s, %s) in %.2f s: pooling %s, %d params, weights %s (%d bytes resident), "
              "per-input limit %d tokens, batches of up to %d rows / %d tokens, %d lanes sharing %d BLAS threads, "
@@ -131,6 +134,16 @@ def load(opts: EngineOptions, lanes: int, blas_threads: int) -> tuple[Runner, Se
                                scores_are_probabilities=loaded.scores_are_probabilities, prompt=prompt, pairs=pairs,
                                chat=chat, images=images, builder=builder,
                                pools_segments=getattr(runner, "pools_segments", False))
+
+
+def with_splade(ckpt: Checkpoint, flag: Pooling | None) -> Checkpoint:
+    """--pooling splade makes any masked-LM checkpoint a sparse encoder (TEI's: max over tokens, relu); another
+    --pooling serves a SparseEncoder's trunk as a dense embedder pooled that way; no flag: as its modules say."""
+    if flag is Pooling.SPLADE and ckpt.splade is None:
+        return replace(ckpt, splade=Splade())
+    if flag is not None and flag is not Pooling.SPLADE and ckpt.splade is not None:
+        return replace(ckpt, splade=None)
+    return ckpt
 
 
 def bound_image_tokens(builder: object, opts: EngineOptions, family: str) -> tuple[int, int] | None:
