@@ -19,6 +19,7 @@ from engine.runtime.residency import Lease, Residency  # noqa: E402
 from engine.runtime.engine import Engine  # noqa: E402
 from engine.types import (  # noqa: E402
                           DEFAULT_MODEL_NAME,
+                          ClassifyResult,
                           EmbedResult,
                           EngineOptions,
                           ImageInput,
@@ -31,7 +32,7 @@ from engine.types import (  # noqa: E402
                           VocabType,
 )
 
-__all__ = ["DEFAULT_MODEL_NAME", "QUANTIZED_TYPES", "EmbedResult", "Encoder", "Engine", "EngineOptions", "ImageInput", "Lease",
+__all__ = ["DEFAULT_MODEL_NAME", "QUANTIZED_TYPES", "ClassifyResult", "EmbedResult", "Encoder", "Engine", "EngineOptions", "ImageInput", "Lease",
            "ModelInfo", "ModelState", "Pooling", "RerankResult", "Reranker", "Residency", "ResidencyStatus", "Timings",
            "VocabType", "check_dimensions", "data_folder", "default_model", "dequantize", "errors", "maxsim",
            "normalize_embedding", "quantize"]
