@@ -146,6 +146,21 @@ def test_rank_mode_serves_it_too_and_another_pooling_is_refused(bert):
         start_engine(path, pooling=Pooling.MEAN)
 
 
+def test_python_api_classifier_gives_the_engines_scores(bert):
+    from engine import Classifier
+
+    path, eng = bert
+    with Classifier(path, threads=2) as classifier:
+        assert classifier.labels == ("negative", "neutral", "positive")
+        got = classifier.classify([TEXTS[0], PAIRS[0]])
+        np.testing.assert_allclose(got, eng.classify([TEXTS[0], PAIRS[0]]).scores, rtol=0, atol=1e-9)
+        assert classifier.classify(TEXTS[1], raw_scores=True).shape == (1, 3)
+        out = classifier({"text": np.asarray(TEXTS[:2])})
+        assert list(out["label"]) == [classifier.labels[i] for i in np.argmax(out["scores"], axis=1)]
+        with pytest.raises(InvalidInput):
+            classifier.classify([])
+
+
 def test_xlmr_multi_label_classifier_scores_each_label_by_sigmoid(tmp_path):
     path = make_xlmr_classifier(tmp_path / "xlmr-cls", 4)
     eng = start_engine(path)
