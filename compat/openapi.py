@@ -21,6 +21,7 @@ from compat.openapi_ollama import OPERATIONS as OLLAMA_OPERATIONS
 from compat.openapi_ollama import SCHEMAS as OLLAMA_SCHEMAS
 from compat.openapi_tei import TEI_OPERATIONS, tei_answers, tei_schemas
 from compat.openapi_others import OTHER_SERVERS_OPERATIONS, other_servers_schemas
+from compat.openapi_classify import CLASSIFY_OPERATIONS, classify_schemas
 from compat.wire.inputs import MAX_JSON_DEPTH
 
 if TYPE_CHECKING:
@@ -152,6 +153,7 @@ def _schemas(settings: Settings) -> dict[str, Schema]:
             "properties": {"id": _STRING, "results": {"type": "array", "items": rerank_result},
                            "meta": {"type": "object"}, "model": _STRING, "usage": usage}},
         **other_servers_schemas(batch),
+        **classify_schemas(batch),
         "TokenizeRequest": {
             "type": "object",
             "properties": {"content": {"anyOf": [_STRING, {"type": "array", "items": _TOKEN_OR_TEXT}]},
@@ -232,6 +234,7 @@ _OPERATIONS: dict[str, dict[str, Schema]] = {
     "/v2/rerank": {"post": {"summary": "rerank documents (Cohere v2)", "requestBody": _body("RerankRequest"),
                             "responses": _ok(_ref("CohereV2Rerank"))}},
     **OTHER_SERVERS_OPERATIONS,  # Cohere embed, vLLM score
+    **CLASSIFY_OPERATIONS,  # TEI's /predict, vLLM's /classify
     "/tokenize": {"post": {"summary": "text to token ids (TEI's token objects when the body has `inputs`)",
                            "requestBody": {"required": True, "content": {JSON: {"schema": {"anyOf": [
                                _ref("TokenizeRequest"), _ref("TeiTokenizeRequest")]}}}},

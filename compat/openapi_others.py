@@ -78,6 +78,8 @@ def _score_schemas(batch: int) -> dict[str, Schema]:
                            "documents": _nullable(texts), "model": _MODEL,
                            "use_activation": _nullable({"type": "boolean", "description": "unset or true: sigmoid "
                                                         "of a cross-encoder's logit; false: the raw logit"}),
+                           "activation": _nullable({"type": "boolean", "description": "vLLM's older spelling "
+                                                    "of use_activation"}),
                            "truncate_prompt_tokens": _nullable({"const": -1})}},
         "Score": {
             "type": "object", "required": ["id", "object", "created", "model", "data", "usage"],

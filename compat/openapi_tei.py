@@ -112,11 +112,12 @@ TEI_OPERATIONS: dict[str, dict[str, Schema]] = {
                              "requestBody": _body(_ref("TeiSimilarityRequest")),
                              "responses": tei_answers(_ref("TeiSimilarity"))}},
     "/": {"post": {"summary": "TEI's root route (huggingface_hub's InferenceClient): /embed (/embed_sparse for a "
-                              "sparse model), or /similarity when `inputs` is {source_sentence, sentences}",
+                              "sparse model), or /similarity when `inputs` is {source_sentence, sentences}; "
+                              "/predict on a sequence classifier",
                    "requestBody": _body({"anyOf": [_ref("TeiEmbedRequest"), _ref("TeiSimilarityRequest"),
-                                                   _ref("TeiEmbedSparseRequest")]}),
+                                                   _ref("TeiEmbedSparseRequest"), _ref("TeiPredictRequest")]}),
                    "responses": tei_answers({"anyOf": [_ref("TeiEmbeddings"), _ref("TeiSimilarity"),
-                                                       _ref("TeiSparseEmbeddings")]})}},
+                                                       _ref("TeiSparseEmbeddings"), _ref("TeiPredictions")]})}},
     "/decode": {"post": {"summary": "TEI: token ids back to text, one string per list",
                          "requestBody": _body(_ref("TeiDecodeRequest")), "responses": tei_answers(_ref("TeiDecoded"))}},
     "/info": {"get": {"summary": "TEI's Info: the model and the server's limits",

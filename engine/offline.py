@@ -384,6 +384,34 @@ class Reranker(_Loaded):
         return out
 
 
+class Classifier(_Loaded):
+    """A sequence classifier (a *ForSequenceClassification head with several labels; a one-label cross-encoder
+    too): label scores as the server's /predict and /classify give them."""
+
+    def __init__(self, ref: str | Path, **options: Any):
+        super().__init__(model_options(ref, **options))
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        return self.info.labels or ("LABEL_0",)
+
+    def classify(self, inputs: str | tuple[str, str] | Sequence[str | tuple[str, str]], *,
+                 raw_scores: bool = False) -> np.ndarray:
+        """float64 [n, labels] in label order (`labels`): probabilities (softmax, or each label's sigmoid for a
+        multi-label head), or the logits with raw_scores. An input is a text or a (text, text_pair) pair."""
+        items = [inputs] if isinstance(inputs, (str, tuple)) else list(inputs)
+        if not items or not all(isinstance(item, str) or (isinstance(item, tuple) and len(item) == 2 and
+                                                           all(isinstance(t, str) for t in item)) for item in items):
+            raise InvalidInput("inputs must be texts or (text, text_pair) pairs, at least one")
+        result = self.engine.classify(items, raw_scores=raw_scores)
+        return np.asarray(result.scores, dtype=np.float64)
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Ray Data: `batch["text"]` -> the batch with a `label` column (the best label) and a `scores` column."""
+        scores = self.classify([str(t) for t in batch["text"]])
+        return {**batch, "label": np.asarray([self.labels[i] for i in scores.argmax(axis=1)]), "scores": scores}
+
+
 def _stacked(vectors: Sequence[np.ndarray], width: int) -> np.ndarray:
     """Finished vectors as one float32 [n, width] array (an empty call: [0, width])."""
     return np.stack(vectors).astype(np.float32, copy=False) if vectors else np.zeros((0, width), np.float32)

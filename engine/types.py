@@ -90,7 +90,7 @@ class ModelInfo:
     n_slots: int  # llama's total_slots
     bos_token: str = ""
     eos_token: str = ""
-    kind: str = "embedder"  # "embedder" | "cross-encoder" | "generative-reranker"
+    kind: str = "embedder"  # "embedder" | "cross-encoder" | "generative-reranker" | "classifier"
     batch_tokens: int = 0  # fitted at load: rows x padded width of one forward pass
     batch_rows: int = 0  # fitted at load: the most rows of one forward pass
     widths: tuple[int, ...] = ()  # the row widths warmed at load (passes run at any width up to max_seq)
@@ -117,10 +117,23 @@ class ModelInfo:
     kernels: str = ""  # the kernel set chosen from the device at load: "cpu-arithmetic" or "fused"
     # a sparse (SPLADE) encoder: the most nonzero entries a vector keeps (its config's max_active_dims); None: all
     max_active_dims: int | None = None
+    # sequence classifiers and cross-encoders: the head's labels (config.json id2label, in id order), and whether
+    # they are scored independently (problem_type multi_label_classification: sigmoid) rather than by softmax
+    labels: tuple[str, ...] = ()
+    multi_label: bool = False
 
     @property
     def is_reranker(self) -> bool:
-        return self.kind != "embedder"
+        return self.kind in ("cross-encoder", "generative-reranker")
+
+    @property
+    def is_classifier(self) -> bool:
+        """A sequence classifier with several labels (TEI's classifier; /predict and /classify serve it)."""
+        return self.kind == "classifier"
+
+    @property
+    def is_embedder(self) -> bool:
+        return self.kind == "embedder"
 
     @property
     def is_sparse(self) -> bool:
@@ -204,6 +217,17 @@ class RerankResult:
     """One relevance score per document, in document order (not sorted)."""
 
     scores: list[float]
+    n_tokens: list[int]
+    timings: Timings = field(default_factory=Timings)
+
+
+@dataclass
+class ClassifyResult:
+    """Per input, one score per label in the head's label order (ModelInfo.labels): probabilities (softmax over
+    the labels, or each label's sigmoid for a multi-label head or a one-label cross-encoder) or raw logits."""
+
+    scores: list[list[float]]
+    labels: tuple[str, ...]
     n_tokens: list[int]
     timings: Timings = field(default_factory=Timings)
 

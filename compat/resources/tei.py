@@ -1,16 +1,15 @@
 """Text Embeddings Inference's native routes: POST /embed, /embed_all, /similarity, POST / and GET /info
+(/predict: compat/resources/classify.py)
 (compat/wire/tei.py has the bodies). Every one leases the engine as the llama routes do (same batching, limits,
 /metrics); its errors leave in TEI's body and statuses."""
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-
 import falcon
 
 from compat.catalog import EMBEDDING
-from compat.errors import ApiError, check_client_batch, not_supported
+from compat.errors import check_client_batch, not_supported
 from compat.listener import http_threads
+from compat.resources.classify import tei_predict
 from compat.resources.embeddings import embed_request_prompts
 from compat.resources.leasing import model_request
 from compat.resources.sparse import TeiSparseResource, embed_sparse
@@ -27,21 +26,11 @@ from compat.wire.tei import (
     render_info_response,
     render_similarity_response,
     render_tokenize_response,
-    tei_error,
+    tei_errors,
 )
-from engine.errors import EngineError
 
-RERANKER_ROOT = ("this model is a reranker: POST /rerank with {\"query\", \"texts\"}; /predict (sequence "
-                 "classification) is not served by this model")
-
-
-@contextmanager
-def tei_errors() -> Iterator[None]:
-    """Any error of the block, ours or the engine's, answered in TEI's body."""
-    try:
-        yield
-    except (ApiError, EngineError) as exc:
-        raise tei_error(exc) from None
+RERANKER_ROOT = ("this model is a reranker: POST /rerank with {\"query\", \"texts\"}, or /predict with "
+                 "{\"inputs\": [query, text]} for one pair's score")
 
 
 def _check_batch(served: Served, n_inputs: int) -> None:
@@ -104,6 +93,9 @@ class TeiRootResource:
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         with tei_errors(), model_request(req, self._models, None) as (served, body):
+            if served.engine.info.is_classifier:  # TEI routes a classifier's POST / to /predict
+                resp.media = tei_predict(served, body())
+                return
             if served.engine.info.is_reranker:
                 raise TeiError("Backend", RERANKER_ROOT)
             if not served.settings.embedding:  # as /embed: embeddings need --embedding

@@ -76,6 +76,8 @@ def render_models_response(settings: Settings, info: ModelInfo, created: int) ->
     name = settings.model_name
     # the engine refuses to load an embedder in rank mode and a reranker outside it, so this names the model
     capabilities = ["rerank"] if settings.pooling is Pooling.RANK else ["embedding"]
+    if info.is_classifier:  # loaded in either mode: its label scores (/predict, /classify)
+        capabilities = ["classify"]
     return {
         "models": [{
             "name": name, "model": name, "modified_at": "", "size": "", "digest": "", "type": "model",
@@ -113,8 +115,12 @@ def request_capabilities(info: ModelInfo, *, prompt_texts: bool) -> dict[str, An
     `dimensions` range (Matryoshka; null for a multi-vector model, which refuses it), what an input may be
     (input_modalities: "text", "image") and whether the model answers one vector per token (multi_vector: a
     late-interaction model, which /maxsim scores); a sparse (SPLADE) encoder adds sparse: true and its
-    max_active_dims. A reranker has only input_modalities: what its query and
-    documents may be."""
+    max_active_dims. A reranker has only input_modalities: what its query and documents may be; a sequence
+    classifier adds its labels and whether they are scored independently (multi_label: each label's sigmoid)
+    rather than by softmax."""
+    if info.is_classifier:  # its labels, and how they are scored (docs/routes.md, "Sequence classification")
+        return {"input_modalities": list(info.modalities), "labels": list(info.labels),
+                "multi_label": info.multi_label}
     if info.is_reranker:
         return {"input_modalities": list(info.modalities)}
     return {"prompts": dict(info.prompts) if prompt_texts else [name for name, _ in info.prompts],

@@ -21,6 +21,8 @@ Fields and shapes follow TEI's router/src/http/types.rs and server.rs:
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,6 +67,15 @@ class TeiError(ApiError):
 
     def body(self) -> dict[str, Any]:
         return {"error": self.message, "error_type": self.type}
+
+
+@contextmanager
+def tei_errors() -> Iterator[None]:
+    """Any error of the block, ours or the engine's, answered in TEI's body."""
+    try:
+        yield
+    except (ApiError, EngineError) as exc:
+        raise tei_error(exc) from None
 
 
 def tei_error(exc: ApiError | EngineError) -> TeiError:
@@ -213,9 +224,12 @@ def render_similarity_response(result: EmbedResult) -> list[float]:
 def render_info_response(info: ModelInfo, *, model_id: str, version: str, max_concurrent_requests: int,
                          max_client_batch_size: int, auto_truncate: bool, tokenization_workers: int) -> dict[str, Any]:
     """TEI's Info (router/src/lib.rs), from the loaded model and the server's settings."""
-    if info.is_reranker:
-        # a reranker scores one label (TEI: a classifier with one class is a reranker)
-        model_type: dict[str, Any] = {"reranker": {"id2label": {"0": "LABEL_0"}, "label2id": {"LABEL_0": 0}}}
+    if info.is_reranker or info.is_classifier:
+        # TEI: a classifier with one class is a reranker
+        labels = info.labels or ("LABEL_0",)
+        model_type: dict[str, Any] = {"classifier" if info.is_classifier else "reranker": {
+            "id2label": {str(i): label for i, label in enumerate(labels)},
+            "label2id": {label: i for i, label in enumerate(labels)}}}
     else:
         model_type = {"embedding": {"pooling": info.pooling.value}}
     return {"model_id": model_id, "model_sha": None,

@@ -120,6 +120,18 @@ class CrossEncoderPipeline(Pipeline):
         return lambda: list(np.array(logits)[:, 0])
 
 
+class ClassifierPipeline(Pipeline):
+    """A sequence classifier with several labels: the raw logits [labels] per row (engine/compute/labels.py
+    turns them into probabilities)."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+
+    def launch(self, ids: np.ndarray, mask: np.ndarray, type_ids: np.ndarray, lengths: list[int]) -> Collect:
+        logits = _started(self.model(mx.array(ids), mx.array(mask), mx.array(type_ids)).astype(mx.float32))
+        return lambda: list(np.array(logits))
+
+
 class GenerativeRerankPipeline(Pipeline):
     """A causal LM scored by the yes/no recipe: sigmoid(logit_yes - logit_no) at the last position.
 

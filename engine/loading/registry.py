@@ -101,6 +101,9 @@ ARCHITECTURE_DEFAULT_POOLING = {"Qwen3Model": Pooling.LAST, "Lfm2BidirectionalMo
                                 "Lfm2BidirectionalForMaskedLM": Pooling.MEAN}
 
 EMBEDDER, CROSS_ENCODER, GENERATIVE_RERANKER = "embedder", "cross-encoder", "generative-reranker"
+# a CROSS_ENCODERS architecture whose head has several labels: a sequence classifier (TEI's /predict, vLLM's
+# /classify); with one label it is a cross-encoder reranker
+CLASSIFIER = "classifier"
 
 
 @dataclass
@@ -109,7 +112,7 @@ class LoadedModel:
 
     model: nn.Module
     family: str
-    kind: str  # EMBEDDER | CROSS_ENCODER | GENERATIVE_RERANKER
+    kind: str  # EMBEDDER | CROSS_ENCODER | GENERATIVE_RERANKER | CLASSIFIER
     n_params: int
     size_bytes: int
     ftype: str
@@ -182,7 +185,32 @@ def kind_of(checkpoint: Checkpoint, rank: bool = False) -> str:
 
 # The auto_map entry transformers (trust_remote_code) would build each kind from, as sentence-transformers loads it.
 AUTO_CLASSES = {EMBEDDER: "AutoModel", CROSS_ENCODER: "AutoModelForSequenceClassification",
-                GENERATIVE_RERANKER: "AutoModelForCausalLM"}
+                CLASSIFIER: "AutoModelForSequenceClassification", GENERATIVE_RERANKER: "AutoModelForCausalLM"}
+
+
+def label_names(checkpoint: Checkpoint) -> tuple[str, ...]:
+    """A sequence classifier's labels in id order, as transformers reads them from config.json: id2label, else
+    `num_labels` LABEL_i names, else transformers' default of two (which it leaves out of config.json)."""
+    id2label = checkpoint.config.get("id2label")
+    if isinstance(id2label, dict) and id2label:
+        try:
+            by_id = {int(k): str(v) for k, v in id2label.items()}
+        except (TypeError, ValueError):
+            raise UnsupportedCheckpoint(f"{checkpoint.path}: config.json's id2label keys must be label ids "
+                                        f"(integers), not {sorted(id2label)!r}") from None
+        if sorted(by_id) != list(range(len(by_id))):
+            raise UnsupportedCheckpoint(f"{checkpoint.path}: config.json's id2label ids must be 0..{len(by_id) - 1}, "
+                                        f"not {sorted(by_id)}")
+        return tuple(by_id[i] for i in range(len(by_id)))
+    n = checkpoint.config.get("num_labels")
+    if not (isinstance(n, int) and not isinstance(n, bool) and n > 0):
+        n = 2
+    return tuple(f"LABEL_{i}" for i in range(n))
+
+
+def is_multi_label(checkpoint: Checkpoint) -> bool:
+    """config.json's problem_type multi_label_classification: each label scored by its own sigmoid."""
+    return checkpoint.config.get("problem_type") == "multi_label_classification"
 
 
 def _refuse_custom_code(checkpoint: Checkpoint, kind: str) -> None:
@@ -211,7 +239,7 @@ def _kind_of(checkpoint: Checkpoint, rank: bool) -> str:
     name, arch = family_name(checkpoint), checkpoint.architecture
     arch = ARCHITECTURE_ALIASES.get(arch, arch)
     if CROSS_ENCODERS.get(name) == arch:
-        return CROSS_ENCODER
+        return CLASSIFIER if len(label_names(checkpoint)) > 1 else CROSS_ENCODER
     # A sentence-transformers pooling layout (1_Pooling, a Pooling module) marks an embedding export, such as
     # Qwen3-Embedding's Qwen3ForCausalLM: never a yes/no reranker, whatever the mode.
     pooled_export = checkpoint.pooling is not None or "Pooling" in checkpoint.module_types
@@ -223,7 +251,7 @@ def _kind_of(checkpoint: Checkpoint, rank: bool) -> str:
         with_heads = ", ".join(sorted(CROSS_ENCODERS.values()))
         raise UnsupportedCheckpoint(
             f"{checkpoint.path}: {arch} is a sequence classifier: it is never served as an embedding model, and "
-            f"only these are served as cross-encoders (--reranking): {with_heads}")
+            f"only these are served as cross-encoders (--reranking) and classifiers: {with_heads}")
     served = sorted({*EMBEDDERS, *CROSS_ENCODERS, *GENERATIVE_RERANKERS})
     if name not in served:
         raise UnsupportedCheckpoint(

@@ -102,13 +102,16 @@ class SafetensorsFormat:
         projection = tensors = None
         if kind == registry.GENERATIVE_RERANKER:
             model = trunk = family.CausalLM(args)
-        elif kind == registry.CROSS_ENCODER:
+        elif kind in (registry.CROSS_ENCODER, registry.CLASSIFIER):
             cls = family.SequenceClassifier
             tensors = cls.sanitize(raw)  # sanitized once: the label count reads it, then the model loads it
             labels = cls.label_count(tensors)
-            if labels != 1:
-                raise UnsupportedCheckpoint(f"{checkpoint.path}: a cross-encoder must have exactly one label; "
-                                            f"its classifier has {labels} rows")
+            named = len(registry.label_names(checkpoint))
+            if labels != named:
+                raise UnsupportedCheckpoint(
+                    f"{checkpoint.path}: its classifier head has {labels} rows but config.json names {named} "
+                    f"label{'s' if named > 1 else ''} (id2label / num_labels); a cross-encoder has one label, a "
+                    f"sequence classifier names each of its labels")
             model = cls(args, labels)
             trunk = model.trunk
         elif checkpoint.splade is not None:  # a sparse encoder: the trunk and its MLM head

@@ -11,6 +11,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
+import numpy as np
+
+from engine.compute.labels import label_scores
 from engine.compute.maxsim import maxsim_scores
 from engine.compute.normalize import check_dimensions, finish
 from engine.compute.sparse import check_max_active_dims, sparsify
@@ -26,6 +29,7 @@ from engine.runtime.worker import ImageWork, ItemResult, Runner, SegmentedWork, 
 from engine.text.prompts import choose_prompt, format_prompts, is_text
 from engine.text.tokenizer import TextTokenizer
 from engine.types import (
+    ClassifyResult,
     EmbedResult,
     EngineOptions,
     ImageInput,
@@ -39,6 +43,9 @@ from engine.types import (
 )
 
 T = TypeVar("T")
+
+CLASSIFIER_ROUTES = ("this server runs a sequence classifier ({n} labels): it serves label scores on /predict (TEI) "
+                     "and /classify (vLLM), {what}")
 
 
 def _label(labels: Sequence[str] | None, index: int) -> str:
@@ -370,6 +377,8 @@ class Engine:
 
     def _require_embedder(self) -> ModelInfo:
         info = self.info
+        if info.is_classifier:
+            raise InvalidInput(CLASSIFIER_ROUTES.format(n=len(info.labels), what="not embeddings"))
         if info.is_reranker:
             raise InvalidInput("this server runs a reranker (rank pooling): it serves /rerank, not embeddings")
         return info
@@ -395,6 +404,8 @@ class Engine:
         reranker whose scores are already probabilities gives them either way, and refuses `sigmoid=False`.
         """
         info = self.info
+        if info.is_classifier:
+            raise InvalidInput(CLASSIFIER_ROUTES.format(n=len(info.labels), what="not relevance scores"))
         if not info.is_reranker:
             raise InvalidInput("this server runs an embedding model: start a reranker with --reranking")
         if instruction is not None and info.kind != registry.GENERATIVE_RERANKER:
@@ -477,6 +488,51 @@ class Engine:
         """The query or a document as the pair builder takes it, its images decoded (bounded) first."""
         parts = self._decoded(label, [item] if isinstance(item, str) else item)
         return _labelled(label, lambda: self._served().pairs.side(parts))
+
+    # -- classification ---------------------------------------------------------------------------
+    def classify(self, inputs: Sequence[str | tuple[str, str]], *, truncate: bool | None = None,
+                 truncation_direction: str = "right", raw_scores: bool = False,
+                 timeout_s: float = 3600) -> ClassifyResult:
+        """Score each input (a text, or a (text, text_pair) pair) with a sequence classifier's head: one score per
+        label, in label order (ModelInfo.labels). Probabilities unless `raw_scores` (the logits): softmax over the
+        labels, or each label's sigmoid for a multi-label head (engine/compute/labels.py). A one-label
+        cross-encoder is a classifier too (its sigmoid, label LABEL_0 unless its config names it), as in TEI.
+        An over-long text is cut on the `truncation_direction` side when `truncate` (None: the server's
+        --truncate) allows it, a pair longest-first as the tokenizer cuts pairs; else InputTooLong."""
+        info = self.info
+        if not (info.is_classifier or info.kind == registry.CROSS_ENCODER):
+            raise InvalidInput(f"this server runs {'a generative reranker' if info.is_reranker else 'an embedding model'} "
+                               f"({info.architecture or info.model_type}): label scores need a sequence classifier "
+                               f"(a *ForSequenceClassification checkpoint)")
+        model = self._served()
+        probabilities = model.scores_are_probabilities
+        if raw_scores and probabilities:
+            raise InvalidInput(f"this model ({info.architecture or info.model_type}) scores probabilities, not "
+                               "logits: it has no raw score to return without its activation")
+        self.check_count(len(inputs))
+        direction = fitting.truncation_direction(truncation_direction)
+        cut = self.options.truncate if truncate is None else truncate
+        started = time.monotonic()
+        singles = [i for i, item in enumerate(inputs) if isinstance(item, str)]
+        pair_at = [i for i, item in enumerate(inputs) if not isinstance(item, str)]
+        work: list[list[int]] = [[] for _ in inputs]
+        types: list[list[int]] = [[] for _ in inputs]
+        for i, ids in zip(singles, model.tokenizer.encode_batch([inputs[i] for i in singles]), strict=True):
+            work[i] = model.fitter.fit(ids, cut, direction)
+            types[i] = [0] * len(work[i])
+        for i, (ids, type_ids) in zip(pair_at, model.fitter.fit_text_pairs([inputs[i] for i in pair_at], cut),
+                                      strict=True):
+            work[i], types[i] = ids, type_ids
+        tokenize_s = time.monotonic() - started
+        results, timings = self._serve(work, types, timeout_s)
+        timings.tokenize_s = tokenize_s
+        labels = info.labels or ("LABEL_0",)
+        scores = []
+        for r in results:
+            logits = np.atleast_1d(np.asarray(r.value, dtype=np.float64))
+            row = logits if raw_scores or probabilities else label_scores(logits, info.multi_label)
+            scores.append([float(v) for v in row])
+        return ClassifyResult(scores=scores, labels=labels, n_tokens=[len(ids) for ids in work], timings=timings)
 
     # -- serving ----------------------------------------------------------------------------------
     def _serve(self, token_lists: list[list[int]], type_lists: list[list[int]] | None,

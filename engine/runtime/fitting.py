@@ -151,17 +151,20 @@ class InputFitter:
         return prepared
 
     def fit_pairs(self, query: str, documents: Sequence[str], truncate: bool) -> list[tuple[list[int], list[int]]]:
-        """(ids, token types) of every (query, document) pair; over-long pairs are cut (re-encoded with the
-        tokenizer's longest-first truncation) or refused."""
-        pairs = self.tokenizer.encode_pairs([(query, doc) for doc in documents])
-        too_long = [i for i, (ids, _) in enumerate(pairs) if len(ids) > self.info.max_input_tokens]
+        """(ids, token types) of every (query, document) pair, as fit_text_pairs."""
+        return self.fit_text_pairs([(query, doc) for doc in documents], truncate)
+
+    def fit_text_pairs(self, pairs: Sequence[tuple[str, str]], truncate: bool) -> list[tuple[list[int], list[int]]]:
+        """(ids, token types) of every (first, second) pair (a reranker's (query, document), a classifier's text
+        pair); over-long pairs are cut (re-encoded with the tokenizer's longest-first truncation) or refused."""
+        encoded = self.tokenizer.encode_pairs(list(pairs))
+        too_long = [i for i, (ids, _) in enumerate(encoded) if len(ids) > self.info.max_input_tokens]
         if too_long and not truncate:
-            self.too_long(len(pairs[too_long[0]][0]))
-        cut = self.tokenizer.encode_pairs([(query, documents[i]) for i in too_long],
-                                          max_length=self.info.truncate_tokens)
+            self.too_long(len(encoded[too_long[0]][0]))
+        cut = self.tokenizer.encode_pairs([pairs[i] for i in too_long], max_length=self.info.truncate_tokens)
         for i, fitted in zip(too_long, cut, strict=True):
-            pairs[i] = fitted
-        return pairs
+            encoded[i] = fitted
+        return encoded
 
     @property
     def pair_limit(self) -> int:

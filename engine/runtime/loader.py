@@ -10,7 +10,12 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from engine.checkpoint import Checkpoint, Splade
-from engine.compute.pipeline import CrossEncoderPipeline, EmbeddingPipeline, GenerativeRerankPipeline
+from engine.compute.pipeline import (
+    ClassifierPipeline,
+    CrossEncoderPipeline,
+    EmbeddingPipeline,
+    GenerativeRerankPipeline,
+)
 from engine.errors import UnsupportedCheckpoint
 from engine.families import kernels
 from engine.loading import formats, hub, registry
@@ -63,7 +68,11 @@ def load(opts: EngineOptions, lanes: int, blas_threads: int) -> tuple[Runner, Se
         raise UnsupportedCheckpoint(
             f"{ckpt.path}: rank mode (--reranking / --pooling rank) needs a reranker checkpoint; "
             f"{ckpt.architecture or ckpt.model_type} is an embedding model")
-    if not rank_mode and kind != registry.EMBEDDER:
+    if kind == registry.CLASSIFIER and opts.pooling not in (None, Pooling.RANK):
+        raise UnsupportedCheckpoint(
+            f"{ckpt.path}: {ckpt.architecture} is a sequence classifier, scored by its own head; --pooling "
+            f"{opts.pooling.value} is not supported for it (start it with --reranking, or without a pooling)")
+    if not rank_mode and kind not in (registry.EMBEDDER, registry.CLASSIFIER):
         raise UnsupportedCheckpoint(
             f"{ckpt.path}: {ckpt.architecture} is a reranker ({kind}), not an embedding model; "
             f"start it with --reranking")
@@ -73,7 +82,8 @@ def load(opts: EngineOptions, lanes: int, blas_threads: int) -> tuple[Runner, Se
     chat = ChatInputs(ckpt) if embedder and ckpt.message_modality is not None else None
     tokenizer = ckpt.format.open_tokenizer(ckpt)
     loaded = formats.load(ckpt, kind, opts.dtype, opts.keep_quantized)
-    mode = registry.choose_pooling(opts.pooling, ckpt, loaded)
+    # a classifier's head pools as llama-server's rank pooling does (its first token, through the head)
+    mode = Pooling.RANK if kind == registry.CLASSIFIER else registry.choose_pooling(opts.pooling, ckpt, loaded)
     prompt = pairs = images = builder = None
     if kind == registry.GENERATIVE_RERANKER:
         if loaded.input_builder is not None:  # its prompts hold images (engine/multimodal/builders/<family>_reranker.py)
@@ -85,6 +95,8 @@ def load(opts: EngineOptions, lanes: int, blas_threads: int) -> tuple[Runner, Se
         runner: Runner = GenerativeRerankPipeline(loaded.model, yes_id, no_id, tokenizer.pad_id)
     elif kind == registry.CROSS_ENCODER:
         runner = CrossEncoderPipeline(loaded.model)
+    elif kind == registry.CLASSIFIER:
+        runner = ClassifierPipeline(loaded.model)
     else:
         runner = EmbeddingPipeline(loaded.model, mode, loaded.projection,
                                    (ckpt.splade.strategy, ckpt.splade.activation) if ckpt.splade else ("max", "relu"))
@@ -120,7 +132,9 @@ def load(opts: EngineOptions, lanes: int, blas_threads: int) -> tuple[Runner, Se
         multi_vector=loaded.multi_vector, weights=loaded.weights, resident_bytes=loaded.resident_bytes,
         kernels=kernels.active().name,  # chosen by shapes.prepare, before the first pass
         max_active_dims=ckpt.splade.max_active_dims if ckpt.splade is not None else None,
-        normalize_module=None if ckpt.format.name == "gguf" else "Normalize" in ckpt.module_types)
+        normalize_module=None if ckpt.format.name == "gguf" else "Normalize" in ckpt.module_types,
+        labels=served_labels(ckpt, kind),
+        multi_label=kind == registry.CLASSIFIER and registry.is_multi_label(ckpt))
     log.info("loaded %s (%s, %s, %s) in %.2f s: pooling %s, %d params, weights %s (%d bytes resident), "
              "per-input limit %d tokens, batches of up to %d rows / %d tokens, %d lanes sharing %d BLAS threads, "
              "BLAS: %s; %s",
@@ -144,6 +158,16 @@ def with_splade(ckpt: Checkpoint, flag: Pooling | None) -> Checkpoint:
     if flag is not None and flag is not Pooling.SPLADE and ckpt.splade is not None:
         return replace(ckpt, splade=None)
     return ckpt
+
+
+def served_labels(ckpt: Checkpoint, kind: str) -> tuple[str, ...]:
+    """A classifier's labels; a cross-encoder's one label (LABEL_0 where its config does not name it: a GGUF)."""
+    if kind == registry.CLASSIFIER:
+        return registry.label_names(ckpt)
+    if kind == registry.CROSS_ENCODER:
+        names = registry.label_names(ckpt) if ckpt.format.name != "gguf" else ()
+        return names if len(names) == 1 else ("LABEL_0",)
+    return ()
 
 
 def bound_image_tokens(builder: object, opts: EngineOptions, family: str) -> tuple[int, int] | None:
