@@ -1,0 +1,262 @@
+"""GGUF encoder architectures whose safetensors families we already serve (`t5encoder`, ...), written here from tiny
+random transformers checkpoints with the gguf package's GGUFWriter exactly as llama.cpp's convert_hf_to_gguf.py
+(commit 3f545bec) writes them: the same metadata keys and values, tensor names, shapes and vocabulary. Token ids
+equal the real llama-server's on the same file; F32 vectors equal llama-server's and transformers' on the original
+weights (cosine >= 0.9999).
+
+The converter itself is not on this machine; with a llama.cpp checkout named by MLX_EMBED_LLAMA_CPP (its
+gguf-py beside it), the opt-in test below converts the same folders with it and checks that its files hold exactly
+what ours hold: `MLX_EMBED_LLAMA_CPP=/path/to/llama.cpp .venv/bin/python -m pytest -q tests/engine/test_gguf_encoders.py`.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine import Pooling
+from engine.loading.gguf.reader import GGUFFile
+from tests.engine.families.qwen3_fixture import CORPUS
+from tests.engine.helpers import ENCODER_TEXTS, cosine, hf_hidden, perturb_vectors, start_engine, torch, train_spiece
+from tests.engine.test_gguf_written import finish
+
+gguf = pytest.importorskip("gguf")
+os.environ.setdefault("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", "python")  # sentencepiece's model proto
+from sentencepiece import SentencePieceProcessor, sentencepiece_model_pb2  # noqa: E402
+
+# whitespace runs, leading and trailing spaces: llama.cpp's UGM normalization
+TEXTS = [*ENCODER_TEXTS[:-1], "  two  spaces  here ", "UPPER case and\ttabs"]
+
+
+def embed_mean(path: Path, texts: list[str]) -> tuple[list[list[int]], list]:
+    """(token ids, mean-pooled vectors) our engine gives on a GGUF without a pooling type, as --pooling mean."""
+    eng = start_engine(path, pooling=Pooling.MEAN)
+    try:
+        ids = [eng.encode_prompt([s]) for s in texts]
+        return ids, eng.embed(ids).vectors
+    finally:
+        eng.close(wait=True)
+
+
+def llama_server_answers(path: Path, texts: list[str], *args: str) -> tuple[list[list[int]], list]:
+    from tests.peer_llama import LlamaServer
+
+    with LlamaServer(path, "--embedding", *args) as llama:
+        return [llama.tokenize(s) for s in texts], llama.embeddings(texts)
+
+
+def add_spiece_vocabulary(writer, folder: Path, vocab_size: int) -> None:
+    """A folder's spiece.model as the converter's T5 vocabulary (T5EncoderModel.set_vocab): every piece with its
+    score and type, rows past the tokenizer as unused `[PADi]`, the normalizer's flags and precompiled charsmap,
+    and the special tokens and add-EOS flag gguf.SpecialVocab reads from the folder."""
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString((folder / "spiece.model").read_bytes())
+    sp = SentencePieceProcessor(model_file=str(folder / "spiece.model"))
+    tokens = [f"[PAD{i}]" for i in range(vocab_size)]
+    scores, types = [-10000.0] * vocab_size, [gguf.TokenType.UNUSED] * vocab_size
+    for i in range(sp.vocab_size()):
+        tokens[i], scores[i] = sp.IdToPiece(i), sp.GetScore(i)
+        types[i] = (gguf.TokenType.UNKNOWN if sp.IsUnknown(i) else gguf.TokenType.CONTROL if sp.IsControl(i)
+                    else gguf.TokenType.UNUSED if sp.IsUnused(i) else gguf.TokenType.BYTE if sp.IsByte(i)
+                    else gguf.TokenType.NORMAL)
+    writer.add_tokenizer_model("t5")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(types)
+    writer.add_add_space_prefix(proto.normalizer_spec.add_dummy_prefix)
+    writer.add_remove_extra_whitespaces(proto.normalizer_spec.remove_extra_whitespaces)
+    writer.add_precompiled_charsmap(proto.normalizer_spec.precompiled_charsmap)
+    writer.add_eos_token_id(1)
+    writer.add_unk_token_id(2)
+    writer.add_pad_token_id(0)
+    writer.add_add_eos_token(True)
+    writer.add_add_sep_token(False)
+
+
+# T5EncoderModel key (after "encoder.block.{i}.") -> the converter's tensor name (after "enc.blk.{i}.")
+T5_LAYER_NAMES = {
+    "layer.0.layer_norm": "attn_norm", "layer.0.SelfAttention.q": "attn_q", "layer.0.SelfAttention.k": "attn_k",
+    "layer.0.SelfAttention.v": "attn_v", "layer.0.SelfAttention.o": "attn_o",
+    "layer.0.SelfAttention.relative_attention_bias": "attn_rel_b", "layer.1.layer_norm": "ffn_norm",
+    "layer.1.DenseReluDense.wi": "ffn_up", "layer.1.DenseReluDense.wi_0": "ffn_gate",
+    "layer.1.DenseReluDense.wi_1": "ffn_up", "layer.1.DenseReluDense.wo": "ffn_down",
+}
+
+
+def t5_gguf_name(key: str) -> str:
+    if key == "shared.weight":
+        return "token_embd.weight"
+    if key == "encoder.final_layer_norm.weight":
+        return "enc.output_norm.weight"
+    _, _, index, rest = key.split(".", 3)  # encoder.block.{i}.<module>.weight
+    return f"enc.blk.{index}.{T5_LAYER_NAMES[rest.rsplit('.', 1)[0]]}.weight"
+
+
+def make_t5(folder: Path, feed_forward_proj: str, spiece: Path):
+    """A tiny random T5EncoderModel (test_t5.py's sizes) saved in `folder` beside a copy of `spiece` (T5's
+    <pad> 0, </s> 1, <unk> 2): the folder the converter reads (spiece.model, config.json, weights)."""
+    t = torch()
+    import transformers
+
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copy(spiece, folder / "spiece.model")
+    t.manual_seed(3)
+    n_vocab = SentencePieceProcessor(model_file=str(spiece)).vocab_size()
+    config = transformers.T5Config(vocab_size=n_vocab + 4, d_model=64, d_kv=8, d_ff=128, num_layers=2, num_heads=4,
+                                   feed_forward_proj=feed_forward_proj, relative_attention_num_buckets=32,
+                                   relative_attention_max_distance=128)
+    model = transformers.T5EncoderModel(config)
+    perturb_vectors(model, 3)
+    with t.no_grad():  # biases of about one, so the shared position bias moves the attention
+        model.encoder.block[0].layer[0].SelfAttention.relative_attention_bias.weight.mul_(8.0)
+    model.eval()
+    model.save_pretrained(str(folder))
+    return model
+
+
+def write_t5_gguf(folder: Path, model, path: Path, causal: bool | None = None) -> None:
+    """`model` (a T5EncoderModel saved in `folder` with its spiece.model) as the converter writes `t5encoder`
+    --outtype f32; causal: a `t5encoder.attention.causal` key added (the converter writes none)."""
+    config = model.config
+    writer = gguf.GGUFWriter(str(path), "t5encoder")
+    writer.add_type("model")
+    writer.add_context_length(512)  # the converter's default: T5 configs have no n_positions
+    writer.add_embedding_length(config.d_model)
+    writer.add_feed_forward_length(config.d_ff)
+    writer.add_block_count(config.num_layers)
+    writer.add_head_count(config.num_heads)
+    writer.add_key_length(config.d_kv)
+    writer.add_value_length(config.d_kv)
+    writer.add_layer_norm_eps(config.layer_norm_epsilon)
+    writer.add_relative_attn_buckets_count(config.relative_attention_num_buckets)
+    writer.add_layer_norm_rms_eps(config.layer_norm_epsilon)
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    if causal is not None:
+        writer.add_causal_attention(causal)
+    add_spiece_vocabulary(writer, folder, config.vocab_size)
+    for key, value in model.state_dict().items():
+        if key != "encoder.embed_tokens.weight":  # tied to shared.weight; the converter keeps one
+            writer.add_tensor(t5_gguf_name(key), value.numpy().astype(np.float32))
+    finish(writer)
+
+
+@pytest.fixture(scope="module")
+def t5_models(tmp_path_factory):
+    """The two T5 layouts (v1.0's ReLU: sentence-t5 / gtr-t5; v1.1's gated GELU: the -xl ones), on one
+    SentencePiece unigram trained here."""
+    root = tmp_path_factory.mktemp("t5")
+    spiece = train_spiece(root / "spiece", CORPUS + TEXTS * 10, 400)
+    return {proj: (root / proj, make_t5(root / proj, proj, spiece)) for proj in ("relu", "gated-gelu")}
+
+
+@contextlib.contextmanager
+def causal(model):
+    """transformers' T5 encoder read causally, as llama-server runs the converter's file: the first block's
+    position bias (which every block adds) with -inf above the diagonal."""
+    t = torch()
+    attention = model.encoder.block[0].layer[0].SelfAttention
+    compute_bias = attention.compute_bias
+
+    def causal_bias(query_length, key_length, *args, **kwargs):
+        return compute_bias(query_length, key_length, *args, **kwargs) + t.full(
+            (query_length, key_length), float("-inf")).triu(1)
+
+    attention.compute_bias = causal_bias
+    try:
+        yield model
+    finally:
+        del attention.compute_bias
+
+
+def spiece_ids(folder: Path, text: str) -> list[int]:
+    """The original tokenizer's ids: sentencepiece's pieces, then </s> (T5's tokenizer appends it)."""
+    return SentencePieceProcessor(model_file=str(folder / "spiece.model")).encode(text) + [1]
+
+
+@pytest.mark.parametrize("feed_forward_proj", ["relu", "gated-gelu"])
+def test_t5encoder_gguf_is_read_as_llama_server_reads_the_converters_file(tmp_path, t5_models, feed_forward_proj):
+    """The converter's file has no pooling type (sentence-t5's pooling and 2_Dense are dropped) and no
+    attention.causal, so llama-server pools by --pooling and runs the encoder causally: ids and vectors equal
+    its answers, and the causal reading of transformers' encoder on the same weights (not the T5 encoder itself)."""
+    folder, model = t5_models[feed_forward_proj]
+    path = tmp_path / "tiny-t5encoder-f32.gguf"
+    write_t5_gguf(folder, model, path)
+    assert GGUFFile(path).arch_value("pooling_type") is None
+    ids, ours = embed_mean(path, TEXTS)
+    assert ids[:5] == [spiece_ids(folder, s) for s in TEXTS[:5]]
+    with causal(model):
+        for row, token_ids in zip(ours, ids, strict=True):
+            assert cosine(row, hf_hidden(model, token_ids, token_types=False).mean(axis=0)) >= 0.9999
+    their_ids, theirs = llama_server_answers(path, TEXTS, "--pooling", "mean")
+    assert ids == their_ids
+    assert min(cosine(a, b) for a, b in zip(ours, theirs)) >= 0.9999
+    bidirectional = [hf_hidden(model, token_ids, token_types=False).mean(axis=0) for token_ids in ids[:2]]
+    assert max(cosine(a, b) for a, b in zip(ours, bidirectional)) < 0.999  # the causal reading is another one
+
+
+def test_t5encoder_gguf_marked_non_causal_is_the_t5_encoder(tmp_path, t5_models):
+    """With `t5encoder.attention.causal` false, llama-server and we run the real (bidirectional) T5 encoder:
+    vectors equal transformers' mean of T5EncoderModel's states and llama-server's."""
+    folder, model = t5_models["gated-gelu"]
+    path = tmp_path / "tiny-t5encoder-bidirectional-f32.gguf"
+    write_t5_gguf(folder, model, path, causal=False)
+    ids, ours = embed_mean(path, TEXTS)
+    for row, token_ids in zip(ours, ids, strict=True):
+        assert cosine(row, hf_hidden(model, token_ids, token_types=False).mean(axis=0)) >= 0.9999
+    their_ids, theirs = llama_server_answers(path, TEXTS, "--pooling", "mean")
+    assert ids == their_ids
+    assert min(cosine(a, b) for a, b in zip(ours, theirs)) >= 0.9999
+
+
+def _llama_cpp() -> Path:
+    root = os.environ.get("MLX_EMBED_LLAMA_CPP")
+    if not root:
+        pytest.skip("set MLX_EMBED_LLAMA_CPP to a llama.cpp checkout (commit 3f545bec) to run its converter")
+    return Path(root)
+
+
+def convert(root: Path, folder: Path, out: Path) -> None:
+    subprocess.run([sys.executable, str(root / "convert_hf_to_gguf.py"), str(folder), "--outtype", "f32",
+                    "--outfile", str(out)], check=True, capture_output=True,
+                   env={**os.environ, "PYTHONPATH": str(root / "gguf-py")})
+
+
+def assert_same_file(ours: Path, theirs: Path) -> None:
+    """Every metadata key and tensor of the converter's file is in ours with the same value (general.name and the
+    size label it derives from the folder aside)."""
+    a, b = GGUFFile(ours), GGUFFile(theirs)
+    for key, value in b.metadata.items():
+        if key in ("general.name", "general.size_label", "general.basename", "general.finetune"):
+            continue
+        assert key in a.metadata, key
+        np.testing.assert_array_equal(np.asarray(a.metadata[key]), np.asarray(value), err_msg=key)
+    assert set(a.metadata) - set(b.metadata) <= {"general.name"}
+    assert {n: t.shape for n, t in a.tensors.items()} == {n: t.shape for n, t in b.tensors.items()}
+    for name in b.tensors:
+        assert a.tensors[name].type_name == b.tensors[name].type_name, name
+        np.testing.assert_array_equal(a.array(name), b.array(name), err_msg=name)
+
+
+@pytest.mark.parametrize("feed_forward_proj", ["relu", "gated-gelu"])
+def test_t5encoder_written_as_llama_cpps_converter_writes_it(tmp_path, t5_models, feed_forward_proj):
+    root = _llama_cpp()
+    from transformers import AutoTokenizer
+
+    from tests.engine.families.test_t5 import TOKENIZER_CONFIG
+
+    folder, model = t5_models[feed_forward_proj]
+    # the tokenizer files a published T5 folder has beside spiece.model (the converter reads its specials there)
+    (folder / "tokenizer_config.json").write_text(json.dumps(TOKENIZER_CONFIG), encoding="utf-8")
+    AutoTokenizer.from_pretrained(str(folder)).save_pretrained(str(folder))
+    write_t5_gguf(folder, model, tmp_path / "ours.gguf")
+    convert(root, folder, tmp_path / "theirs.gguf")
+    assert_same_file(tmp_path / "ours.gguf", tmp_path / "theirs.gguf")
