@@ -1,12 +1,13 @@
-"""GGUF encoder architectures whose safetensors families we already serve (`t5encoder`, ...), written here from tiny
-random transformers checkpoints with the gguf package's GGUFWriter exactly as llama.cpp's convert_hf_to_gguf.py
-(commit 3f545bec) writes them: the same metadata keys and values, tensor names, shapes and vocabulary. Token ids
-equal the real llama-server's on the same file; F32 vectors equal llama-server's and transformers' on the original
-weights (cosine >= 0.9999).
+"""GGUF encoder architectures whose safetensors families we already serve (`t5encoder`, `eurobert`), written here
+from tiny random transformers checkpoints with the gguf package's GGUFWriter exactly as llama.cpp's
+convert_hf_to_gguf.py (commit 3f545bec) writes them: the same metadata keys and values, tensor names, shapes and
+vocabulary. Token ids equal the real llama-server's on the same file; F32 vectors equal llama-server's and
+transformers' on the original weights (cosine >= 0.9999; T5: read as llama-server reads it, see below).
 
 The converter itself is not on this machine; with a llama.cpp checkout named by MLX_EMBED_LLAMA_CPP (its
 gguf-py beside it), the opt-in test below converts the same folders with it and checks that its files hold exactly
-what ours hold: `MLX_EMBED_LLAMA_CPP=/path/to/llama.cpp .venv/bin/python -m pytest -q tests/engine/test_gguf_encoders.py`.
+what ours hold (T5 only: on a BPE vocabulary the converter wants a known tokenizer hash, which a tiny one trained
+here has not): `MLX_EMBED_LLAMA_CPP=/path/to/llama.cpp .venv/bin/python -m pytest -q tests/engine/test_gguf_encoders.py`.
 """
 from __future__ import annotations
 
@@ -260,3 +261,81 @@ def test_t5encoder_written_as_llama_cpps_converter_writes_it(tmp_path, t5_models
     write_t5_gguf(folder, model, tmp_path / "ours.gguf")
     convert(root, folder, tmp_path / "theirs.gguf")
     assert_same_file(tmp_path / "ours.gguf", tmp_path / "theirs.gguf")
+
+
+# EuroBERT's tokenizer (Llama 3's: pre-tokenizer llama-bpe) writes `<|begin_of_text|> text <|end_of_text|>`; here the
+# decoder fixture's BPE with its <|im_start|> / <|im_end|> in those places
+EUROBERT_BOS, EUROBERT_EOS = "<|im_start|>", "<|im_end|>"
+
+
+def eurobert_tokenizer():
+    from tokenizers import processors
+
+    from tests.engine.test_gguf_arch import lfm2_tokenizer
+
+    tok = lfm2_tokenizer()  # Llama 3's pre-tokenizer regex
+    bos, eos = tok.convert_tokens_to_ids([EUROBERT_BOS, EUROBERT_EOS])
+    tok.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{EUROBERT_BOS} $A {EUROBERT_EOS}", pair=f"{EUROBERT_BOS} $A {EUROBERT_EOS} $B {EUROBERT_EOS}",
+        special_tokens=[(EUROBERT_BOS, bos), (EUROBERT_EOS, eos)])
+    return tok
+
+
+def write_eurobert_gguf(path: Path, pooling=None):
+    """A tiny random EuroBertModel (EuroBERT-210m's layout: no biases, GQA, rope 250000) as the converter writes
+    `eurobert`: Llama's names (gguf's TensorNameMap, `model.` stripped) with no q/k permutation, attention.causal
+    false, rope scaling none, the pooling type of its sentence-transformers folder (none here unless given).
+    F32. Returns (transformers model, HF tokenizer)."""
+    t = torch()
+    from transformers import EuroBertConfig, EuroBertModel
+
+    from tests.engine.families.qwen3_fixture import QWEN3_SPECIALS
+    from tests.engine.test_gguf_arch import add_tensors
+    from tests.engine.test_gguf_written import add_bpe_vocabulary
+
+    tok = eurobert_tokenizer()
+    t.manual_seed(31)
+    config = EuroBertConfig(vocab_size=len(tok), hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+                            num_key_value_heads=2, intermediate_size=96, max_position_embeddings=512,
+                            pad_token_id=tok.pad_token_id, initializer_range=0.1, attention_bias=False, mlp_bias=False,
+                            rope_parameters={"rope_type": "default", "rope_theta": 250000.0})
+    model = EuroBertModel(config).eval()
+    perturb_vectors(model, 31)
+    writer = gguf.GGUFWriter(str(path), "eurobert")
+    writer.add_block_count(3)
+    writer.add_context_length(512)
+    writer.add_embedding_length(64)
+    writer.add_feed_forward_length(96)
+    writer.add_head_count(4)
+    writer.add_head_count_kv(2)
+    writer.add_rope_freq_base(250000.0)
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_causal_attention(False)
+    writer.add_rope_scaling_type(gguf.RopeScalingType.NONE)
+    if pooling is not None:
+        writer.add_pooling_type(pooling)
+    vocab = add_bpe_vocabulary(writer, tok, "llama-bpe", QWEN3_SPECIALS)
+    writer.add_bos_token_id(vocab[EUROBERT_BOS])
+    writer.add_eos_token_id(vocab[EUROBERT_EOS])
+    writer.add_pad_token_id(vocab["<|endoftext|>"])
+    writer.add_add_bos_token(True)  # the tokenizer's template, which SpecialVocab writes over the converter's False
+    writer.add_add_eos_token(True)
+    add_tensors(writer, {k: v.numpy() for k, v in model.state_dict().items()}, "eurobert", 3, f16=False)
+    finish(writer)
+    return model, tok
+
+
+def test_eurobert_gguf_ids_and_vectors_equal_transformers_and_llama_server(tmp_path):
+    """A bare EuroBertModel conversion has no pooling type: --pooling mean on both sides."""
+    from tests.engine.test_gguf_arch import DECODER_TEXTS
+
+    path = tmp_path / "tiny-eurobert-f32.gguf"
+    model, tok = write_eurobert_gguf(path)
+    ids, ours = embed_mean(path, DECODER_TEXTS)
+    assert ids == [tok(s).input_ids for s in DECODER_TEXTS]
+    for row, token_ids in zip(ours, ids, strict=True):
+        assert cosine(row, hf_hidden(model, token_ids, token_types=False).mean(axis=0)) >= 0.9999
+    their_ids, theirs = llama_server_answers(path, DECODER_TEXTS, "--pooling", "mean")
+    assert ids == their_ids
+    assert min(cosine(a, b) for a, b in zip(ours, theirs)) >= 0.9999
