@@ -1,13 +1,15 @@
-"""GGUF encoder architectures whose safetensors families we already serve (`t5encoder`, `eurobert`), written here
-from tiny random transformers checkpoints with the gguf package's GGUFWriter exactly as llama.cpp's
+"""GGUF encoder architectures whose safetensors families we already serve (`t5encoder`, `eurobert`, `nomic-bert-moe`),
+written here from tiny random transformers checkpoints with the gguf package's GGUFWriter exactly as llama.cpp's
 convert_hf_to_gguf.py (commit 3f545bec) writes them: the same metadata keys and values, tensor names, shapes and
 vocabulary. Token ids equal the real llama-server's on the same file; F32 vectors equal llama-server's and
-transformers' on the original weights (cosine >= 0.9999; T5: read as llama-server reads it, see below).
+the references' on the original weights (cosine >= 0.9999; T5 and nomic-bert-moe: what the converter's file
+allows, as llama-server reads it; see each test).
 
 The converter itself is not on this machine; with a llama.cpp checkout named by MLX_EMBED_LLAMA_CPP (its
 gguf-py beside it), the opt-in test below converts the same folders with it and checks that its files hold exactly
 what ours hold (T5 only: on a BPE vocabulary the converter wants a known tokenizer hash, which a tiny one trained
-here has not): `MLX_EMBED_LLAMA_CPP=/path/to/llama.cpp .venv/bin/python -m pytest -q tests/engine/test_gguf_encoders.py`.
+here has not; nor nomic-bert-moe, whose converter wants the published n_positions):
+`MLX_EMBED_LLAMA_CPP=/path/to/llama.cpp .venv/bin/python -m pytest -q tests/engine/test_gguf_encoders.py`.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ import pytest
 
 from engine import Pooling
 from engine.loading.gguf.reader import GGUFFile
+from tests.conftest import gguf_fixture
 from tests.engine.families.qwen3_fixture import CORPUS
 from tests.engine.helpers import ENCODER_TEXTS, cosine, hf_hidden, perturb_vectors, start_engine, torch, train_spiece
 from tests.engine.test_gguf_written import finish
@@ -337,5 +340,94 @@ def test_eurobert_gguf_ids_and_vectors_equal_transformers_and_llama_server(tmp_p
     for row, token_ids in zip(ours, ids, strict=True):
         assert cosine(row, hf_hidden(model, token_ids, token_types=False).mean(axis=0)) >= 0.9999
     their_ids, theirs = llama_server_answers(path, DECODER_TEXTS, "--pooling", "mean")
+    assert ids == their_ids
+    assert min(cosine(a, b) for a, b in zip(ours, theirs)) >= 0.9999
+
+
+# the hub's NomicBertModel (MoE) names -> the converter's (per layer)
+NOMIC_MOE_LAYER_NAMES = {"attn.Wqkv": "attn_qkv", "attn.out_proj": "attn_output", "norm1": "attn_output_norm",
+                         "norm2": "layer_output_norm", "mlp.fc1": "ffn_up", "mlp.fc2": "ffn_down",
+                         "mlp.router.layer": "ffn_gate_inp"}
+
+
+def write_nomic_moe_gguf(path: Path, weights: dict[str, np.ndarray], n_tokens: int) -> None:
+    """test_nomic_bert_moe's checkpoint as the converter writes nomic-embed-text-v2-moe: `nomic-bert-moe`, the
+    experts per expert (w1 viewed [E, F, D]; w2 viewed [E, F, D] and transposed), `mlp.experts.bias` dropped,
+    n_positions 2048 with max_trained_positions 2048 written as a 512-token context, the WordPiece vocabulary padded
+    with unused [PADi] tokens to the embedding's rows. F32."""
+    from tests.engine.families import test_nomic_bert_moe as moe
+    from tests.engine.test_gguf_written import NOMIC_NAMES
+
+    source = GGUFFile(gguf_fixture("minilm-f16.gguf")).metadata
+    rows = weights["embeddings.word_embeddings.weight"].shape[0]
+    writer = gguf.GGUFWriter(str(path), "nomic-bert-moe")
+    writer.add_context_length(512)
+    writer.add_embedding_length(moe.D)
+    writer.add_feed_forward_length(moe.FF)
+    writer.add_block_count(moe.LAYERS)
+    writer.add_head_count(moe.HEADS)
+    writer.add_layer_norm_eps(moe.EPS)
+    writer.add_expert_count(moe.EXPERTS)
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_causal_attention(False)
+    writer.add_pooling_type(gguf.PoolingType.MEAN)
+    writer.add_moe_every_n_layers(2)
+    writer.add_expert_used_count(moe.TOP_K)
+    writer.add_token_type_count(1)
+    tokens = list(source["tokenizer.ggml.tokens"][:n_tokens])
+    types = source["tokenizer.ggml.token_type"].tolist()[:n_tokens]
+    writer.add_tokenizer_model("bert")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens + [f"\u2581[PAD{i}]" for i in range(n_tokens, rows)])
+    writer.add_token_types(types + [gguf.TokenType.UNUSED] * (rows - n_tokens))
+    for name in ("bos_token_id", "eos_token_id", "unknown_token_id", "seperator_token_id", "padding_token_id"):
+        writer.add_uint32(f"tokenizer.ggml.{name}", int(source[f"tokenizer.ggml.{name}"]))
+    for name in ("add_bos_token", "add_eos_token", "add_sep_token"):
+        writer.add_bool(f"tokenizer.ggml.{name}", bool(source[f"tokenizer.ggml.{name}"]))
+    for key, value in weights.items():
+        if key in NOMIC_NAMES:
+            writer.add_tensor(NOMIC_NAMES[key], value)
+            continue
+        _, _, index, rest = key.split(".", 3)  # encoder.layers.{i}.<module>[.weight|.bias]
+        if rest == "mlp.experts.bias":
+            continue
+        if rest == "mlp.experts.mlp.w1":
+            writer.add_tensor(f"blk.{index}.ffn_up_exps.weight", value.reshape(moe.EXPERTS, moe.FF, moe.D))
+        elif rest == "mlp.experts.mlp.w2":
+            writer.add_tensor(f"blk.{index}.ffn_down_exps.weight",
+                              np.ascontiguousarray(value.reshape(moe.EXPERTS, moe.FF, moe.D).transpose(0, 2, 1)))
+        else:
+            module, kind = rest.rsplit(".", 1)
+            writer.add_tensor(f"blk.{index}.{NOMIC_MOE_LAYER_NAMES[module]}.{kind}", value)
+    finish(writer)
+
+
+def test_nomic_bert_moe_gguf_equals_the_reference_without_the_dropped_bias_and_llama_server(tmp_path):
+    """nomic-embed-text-v2-moe's layout (4 layers, experts on layers 1 and 3, top 2 of 4): ids equal the WordPiece
+    tokenizer's and llama-server's; mean-pooled vectors equal test_nomic_bert_moe's torch reference with the
+    experts' bias at zero (what the file keeps) and llama-server's. The original's vectors (with the bias) differ."""
+    from transformers import AutoTokenizer
+
+    from tests.engine.families import test_nomic_bert_moe as moe
+    from tests.engine.helpers import with_minilm_tokenizer
+
+    n_tokens = with_minilm_tokenizer(tmp_path / "tok")
+    weights = moe.random_weights(n_tokens + (-n_tokens % 64), seed=41)
+    path = tmp_path / "tiny-nomic-bert-moe-f32.gguf"
+    write_nomic_moe_gguf(path, weights, n_tokens)
+    eng = start_engine(path)
+    try:
+        ids = [eng.encode_prompt([s]) for s in moe.TEXTS]
+        ours = eng.embed(ids).vectors
+    finally:
+        eng.close(wait=True)
+    tok = AutoTokenizer.from_pretrained(str(tmp_path / "tok"))
+    assert ids == [tok(s).input_ids for s in moe.TEXTS]
+    kept = {k: np.zeros_like(v) if k.endswith("mlp.experts.bias") else v for k, v in weights.items()}
+    for row, token_ids in zip(ours, ids, strict=True):
+        assert cosine(row, moe.reference_hidden(kept, token_ids).mean(axis=0)) >= 0.9999
+    assert min(cosine(row, moe.reference_hidden(weights, token_ids).mean(axis=0))
+               for row, token_ids in zip(ours, ids)) < 0.9999  # the bias the converter drops mattered
+    their_ids, theirs = llama_server_answers(path, moe.TEXTS)
     assert ids == their_ids
     assert min(cosine(a, b) for a, b in zip(ours, theirs)) >= 0.9999
