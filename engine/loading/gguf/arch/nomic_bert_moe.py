@@ -16,7 +16,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from engine.loading.gguf.arch import block_key
+from engine.loading.gguf.arch import block_key, nomic_bert
 from engine.loading.gguf.arch.nomic_bert import _GLOBAL
 
 FAMILY = "nomic_bert"
@@ -40,26 +40,18 @@ def config(meta: dict[str, Any], arch: str, shapes: dict[str, tuple[int, ...]]) 
     """The hub's config.json names, from the keys llama.cpp reads."""
     log.warning("a nomic-bert-moe GGUF has no experts' output bias (the converter drops mlp.experts.bias): computed "
                 "as llama-server computes it, without it; its vectors are not the original checkpoint's")
-    return {
-        "model_type": "nomic_bert",
-        "vocab_size": shapes["token_embd.weight"][0],
-        "n_embd": int(meta[f"{arch}.embedding_length"]),
-        "n_head": int(meta[f"{arch}.attention.head_count"]),
-        "n_layer": int(meta[f"{arch}.block_count"]),
-        "n_inner": int(meta[f"{arch}.feed_forward_length"]),
-        "n_positions": int(meta[f"{arch}.context_length"]),
+    out = nomic_bert.config(meta, arch, shapes)
+    out.update({
         "layer_norm_epsilon": float(meta[f"{arch}.attention.layer_norm_epsilon"]),
-        "type_vocab_size": shapes["token_types.weight"][0] if "token_types.weight" in shapes else 0,
         "activation_function": "gelu",
-        "rotary_emb_fraction": 1.0,
-        "rotary_emb_base": float(meta.get(f"{arch}.rope.freq_base", 10_000.0)),
         "qkv_proj_bias": "blk.0.attn_qkv.bias" in shapes,
         "mlp_fc1_bias": "blk.0.ffn_up.bias" in shapes, "mlp_fc2_bias": "blk.0.ffn_down.bias" in shapes,
         "moe_every_n_layers": int(meta.get(f"{arch}.moe_every_n_layers", 0)),
         "num_experts": int(meta.get(f"{arch}.expert_count", 0)),
         "moe_top_k": int(meta.get(f"{arch}.expert_used_count", 1)),
         "moe_normalize_expert_weights": False,
-    }
+    })
+    return out
 
 
 def key(name: str) -> str | None:
