@@ -1,9 +1,9 @@
-"""GGUF encoder architectures whose safetensors families we already serve (`t5encoder`, `eurobert`, `nomic-bert-moe`),
-written here from tiny random transformers checkpoints with the gguf package's GGUFWriter exactly as llama.cpp's
-convert_hf_to_gguf.py (commit 3f545bec) writes them: the same metadata keys and values, tensor names, shapes and
-vocabulary. Token ids equal the real llama-server's on the same file; F32 vectors equal llama-server's and
-the references' on the original weights (cosine >= 0.9999; T5 and nomic-bert-moe: what the converter's file
-allows, as llama-server reads it; see each test).
+"""GGUF encoder architectures whose safetensors families we already serve (`t5encoder`, `eurobert`, `nomic-bert-moe`,
+`llama-embed`), written here from tiny random transformers checkpoints with the gguf package's GGUFWriter exactly
+as llama.cpp's convert_hf_to_gguf.py (commit 3f545bec) writes them: the same metadata keys and values, tensor
+names, shapes and vocabulary. Token ids equal the real llama-server's on the same file; F32 vectors equal
+llama-server's and the references' on the original weights (cosine >= 0.9999; T5 and nomic-bert-moe: what the
+converter's file allows, as llama-server reads it; see each test).
 
 The converter itself is not on this machine; with a llama.cpp checkout named by MLX_EMBED_LLAMA_CPP (its
 gguf-py beside it), the opt-in test below converts the same folders with it and checks that its files hold exactly
@@ -54,6 +54,19 @@ def llama_server_answers(path: Path, texts: list[str], *args: str) -> tuple[list
 
     with LlamaServer(path, "--embedding", *args) as llama:
         return [llama.tokenize(s) for s in texts], llama.embeddings(texts)
+
+
+def add_sizes(writer, *, context: int, width: int, ff: int, layers: int, heads: int, kv_heads: int | None = None,
+              file_type=gguf.LlamaFileType.ALL_F32) -> None:
+    """The hyper-parameters every converter writes, in its order."""
+    writer.add_context_length(context)
+    writer.add_embedding_length(width)
+    writer.add_feed_forward_length(ff)
+    writer.add_block_count(layers)
+    writer.add_head_count(heads)
+    if kv_heads is not None:
+        writer.add_head_count_kv(kv_heads)
+    writer.add_file_type(file_type)
 
 
 def add_spiece_vocabulary(writer, folder: Path, vocab_size: int) -> None:
@@ -132,17 +145,14 @@ def write_t5_gguf(folder: Path, model, path: Path, causal: bool | None = None) -
     config = model.config
     writer = gguf.GGUFWriter(str(path), "t5encoder")
     writer.add_type("model")
-    writer.add_context_length(512)  # the converter's default: T5 configs have no n_positions
-    writer.add_embedding_length(config.d_model)
-    writer.add_feed_forward_length(config.d_ff)
-    writer.add_block_count(config.num_layers)
-    writer.add_head_count(config.num_heads)
+    # context 512: the converter's default (T5 configs have no n_positions)
+    add_sizes(writer, context=512, width=config.d_model, ff=config.d_ff, layers=config.num_layers,
+              heads=config.num_heads)
     writer.add_key_length(config.d_kv)
     writer.add_value_length(config.d_kv)
     writer.add_layer_norm_eps(config.layer_norm_epsilon)
     writer.add_relative_attn_buckets_count(config.relative_attention_num_buckets)
     writer.add_layer_norm_rms_eps(config.layer_norm_epsilon)
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     if causal is not None:
         writer.add_causal_attention(causal)
@@ -305,15 +315,9 @@ def write_eurobert_gguf(path: Path, pooling=None):
     model = EuroBertModel(config).eval()
     perturb_vectors(model, 31)
     writer = gguf.GGUFWriter(str(path), "eurobert")
-    writer.add_block_count(3)
-    writer.add_context_length(512)
-    writer.add_embedding_length(64)
-    writer.add_feed_forward_length(96)
-    writer.add_head_count(4)
-    writer.add_head_count_kv(2)
+    add_sizes(writer, context=512, width=64, ff=96, layers=3, heads=4, kv_heads=2)
     writer.add_rope_freq_base(250000.0)
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
     writer.add_causal_attention(False)
     writer.add_rope_scaling_type(gguf.RopeScalingType.NONE)
     if pooling is not None:
@@ -361,14 +365,9 @@ def write_nomic_moe_gguf(path: Path, weights: dict[str, np.ndarray], n_tokens: i
     source = GGUFFile(gguf_fixture("minilm-f16.gguf")).metadata
     rows = weights["embeddings.word_embeddings.weight"].shape[0]
     writer = gguf.GGUFWriter(str(path), "nomic-bert-moe")
-    writer.add_context_length(512)
-    writer.add_embedding_length(moe.D)
-    writer.add_feed_forward_length(moe.FF)
-    writer.add_block_count(moe.LAYERS)
-    writer.add_head_count(moe.HEADS)
+    add_sizes(writer, context=512, width=moe.D, ff=moe.FF, layers=moe.LAYERS, heads=moe.HEADS)
     writer.add_layer_norm_eps(moe.EPS)
     writer.add_expert_count(moe.EXPERTS)
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
     writer.add_causal_attention(False)
     writer.add_pooling_type(gguf.PoolingType.MEAN)
     writer.add_moe_every_n_layers(2)
@@ -429,5 +428,72 @@ def test_nomic_bert_moe_gguf_equals_the_reference_without_the_dropped_bias_and_l
     assert min(cosine(row, moe.reference_hidden(weights, token_ids).mean(axis=0))
                for row, token_ids in zip(ours, ids)) < 0.9999  # the bias the converter drops mattered
     their_ids, theirs = llama_server_answers(path, moe.TEXTS)
+    assert ids == their_ids
+    assert min(cosine(a, b) for a, b in zip(ours, theirs)) >= 0.9999
+
+
+def llama_permute(weights: np.ndarray, n_head: int) -> np.ndarray:
+    """convert_hf_to_gguf's LlamaModel.permute: q/k rows per head from rotate-half pairs to interleaved ones."""
+    return weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:]).swapaxes(1, 2).reshape(
+        weights.shape)
+
+
+def write_llama_embed_gguf(path: Path, bidirectional: bool):
+    """A tiny random LlamaModel in llama-embed-nemotron's layout (LlamaBidirectionalModel; GQA) as the converter
+    writes `llama-embed`: Llama's names, q/k permuted, vocab_size and rope dimension count, no pooling type, and
+    `attention.causal` false where the config says is_causal false (bidirectional). A Llama 3 style byte-level BPE
+    (pre llama-bpe, BOS added). F32. Returns (transformers model read the same way, HF tokenizer)."""
+    t = torch()
+    from transformers import LlamaConfig, LlamaModel
+
+    from tests.engine.families.qwen3_fixture import QWEN3_SPECIALS
+    from tests.engine.test_gguf_arch import LFM2_BOS, add_tensors, lfm2_tokenizer
+    from tests.engine.test_gguf_written import add_bpe_vocabulary
+
+    tok = lfm2_tokenizer()  # Llama 3's pre-tokenizer regex, a BOS first
+    t.manual_seed(23)
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=16, intermediate_size=96, max_position_embeddings=512,
+                         pad_token_id=tok.pad_token_id, initializer_range=0.1, rope_theta=500000.0)
+    model = LlamaModel(config).eval()
+    perturb_vectors(model, 23)
+    model.config.is_causal = not bidirectional  # transformers' LlamaModel then builds a bidirectional padding mask
+    writer = gguf.GGUFWriter(str(path), "llama-embed")
+    writer.add_vocab_size(len(tok))
+    writer.add_rope_dimension_count(16)
+    add_sizes(writer, context=512, width=64, ff=96, layers=2, heads=4, kv_heads=2)
+    writer.add_rope_freq_base(500000.0)
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    if bidirectional:
+        writer.add_causal_attention(False)
+    vocab = add_bpe_vocabulary(writer, tok, "llama-bpe", QWEN3_SPECIALS)
+    writer.add_bos_token_id(vocab[LFM2_BOS])
+    writer.add_eos_token_id(vocab["<|endoftext|>"])
+    writer.add_add_bos_token(True)
+    writer.add_add_eos_token(False)
+    state = {k: v.numpy() for k, v in model.state_dict().items()}
+    for key in state:
+        if key.endswith("q_proj.weight"):
+            state[key] = llama_permute(state[key], 4)
+        elif key.endswith("k_proj.weight"):
+            state[key] = llama_permute(state[key], 2)
+    add_tensors(writer, state, "llama-embed", 2, f16=False)
+    finish(writer)
+    return model, tok
+
+
+@pytest.mark.parametrize("bidirectional", [True, False], ids=["bidirectional", "causal"])
+def test_llama_embed_gguf_ids_and_vectors_equal_transformers_and_llama_server(tmp_path, bidirectional):
+    """No pooling type in the file: --pooling mean on both sides. With attention.causal false, the bidirectional
+    Llama (transformers' LlamaModel with is_causal off); without it, llama-server runs it causally, and so do we."""
+    from tests.engine.test_gguf_arch import DECODER_TEXTS
+
+    path = tmp_path / "tiny-llama-embed-f32.gguf"
+    model, tok = write_llama_embed_gguf(path, bidirectional)
+    ids, ours = embed_mean(path, DECODER_TEXTS)
+    assert ids == [tok(s).input_ids for s in DECODER_TEXTS]
+    for row, token_ids in zip(ours, ids, strict=True):
+        assert cosine(row, hf_hidden(model, token_ids, token_types=False).mean(axis=0)) >= 0.9999
+    their_ids, theirs = llama_server_answers(path, DECODER_TEXTS, "--pooling", "mean")
     assert ids == their_ids
     assert min(cosine(a, b) for a, b in zip(ours, theirs)) >= 0.9999
