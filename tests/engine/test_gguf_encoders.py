@@ -1,9 +1,9 @@
-"""GGUF encoder architectures whose safetensors families we already serve (`t5encoder`, `eurobert`, `nomic-bert-moe`,
-`llama-embed`), written here from tiny random transformers checkpoints with the gguf package's GGUFWriter exactly
-as llama.cpp's convert_hf_to_gguf.py (commit 3f545bec) writes them: the same metadata keys and values, tensor
-names, shapes and vocabulary. Token ids equal the real llama-server's on the same file; F32 vectors equal
-llama-server's and the references' on the original weights (cosine >= 0.9999; T5 and nomic-bert-moe: what the
-converter's file allows, as llama-server reads it; see each test).
+"""GGUF architectures whose safetensors families we already serve (`t5encoder`, `eurobert`, `nomic-bert-moe`,
+`llama-embed`, `mistral3`), written here from tiny random transformers checkpoints with the gguf package's
+GGUFWriter exactly as llama.cpp's convert_hf_to_gguf.py (commit 3f545bec) writes them: the same metadata keys and
+values, tensor names, shapes and vocabulary. Token ids equal the real llama-server's on the same file; F32 vectors
+equal llama-server's and the references' on the original weights (cosine >= 0.9999; T5 and nomic-bert-moe: what
+the converter's file allows, as llama-server reads it; see each test).
 
 The converter itself is not on this machine; with a llama.cpp checkout named by MLX_EMBED_LLAMA_CPP (its
 gguf-py beside it), the opt-in test below converts the same folders with it and checks that its files hold exactly
@@ -438,6 +438,27 @@ def llama_permute(weights: np.ndarray, n_head: int) -> np.ndarray:
         weights.shape)
 
 
+def add_llama_vocabulary_and_tensors(writer, tok, pre: str, model, arch: str) -> None:
+    """The rest of a Llama-layout file (LlamaModel conversions): the BPE vocabulary with a BOS added, then every
+    weight under its converter name with q/k permuted as the converter does (4 heads, 2 kv heads here), F32;
+    finished."""
+    from tests.engine.families.qwen3_fixture import QWEN3_SPECIALS
+    from tests.engine.test_gguf_arch import LFM2_BOS, add_tensors
+    from tests.engine.test_gguf_written import add_bpe_vocabulary
+
+    vocab = add_bpe_vocabulary(writer, tok, pre, QWEN3_SPECIALS)
+    writer.add_bos_token_id(vocab[LFM2_BOS])
+    writer.add_eos_token_id(vocab["<|endoftext|>"])
+    writer.add_add_bos_token(True)
+    writer.add_add_eos_token(False)
+    state = {k: v.numpy() for k, v in model.state_dict().items()}
+    for key in state:
+        if key.endswith(("q_proj.weight", "k_proj.weight")):
+            state[key] = llama_permute(state[key], 4 if key.endswith("q_proj.weight") else 2)
+    add_tensors(writer, state, arch, model.config.num_hidden_layers, f16=False)
+    finish(writer)
+
+
 def write_llama_embed_gguf(path: Path, bidirectional: bool):
     """A tiny random LlamaModel in llama-embed-nemotron's layout (LlamaBidirectionalModel; GQA) as the converter
     writes `llama-embed`: Llama's names, q/k permuted, vocab_size and rope dimension count, no pooling type, and
@@ -446,9 +467,7 @@ def write_llama_embed_gguf(path: Path, bidirectional: bool):
     t = torch()
     from transformers import LlamaConfig, LlamaModel
 
-    from tests.engine.families.qwen3_fixture import QWEN3_SPECIALS
-    from tests.engine.test_gguf_arch import LFM2_BOS, add_tensors, lfm2_tokenizer
-    from tests.engine.test_gguf_written import add_bpe_vocabulary
+    from tests.engine.test_gguf_arch import lfm2_tokenizer
 
     tok = lfm2_tokenizer()  # Llama 3's pre-tokenizer regex, a BOS first
     t.manual_seed(23)
@@ -466,19 +485,7 @@ def write_llama_embed_gguf(path: Path, bidirectional: bool):
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     if bidirectional:
         writer.add_causal_attention(False)
-    vocab = add_bpe_vocabulary(writer, tok, "llama-bpe", QWEN3_SPECIALS)
-    writer.add_bos_token_id(vocab[LFM2_BOS])
-    writer.add_eos_token_id(vocab["<|endoftext|>"])
-    writer.add_add_bos_token(True)
-    writer.add_add_eos_token(False)
-    state = {k: v.numpy() for k, v in model.state_dict().items()}
-    for key in state:
-        if key.endswith("q_proj.weight"):
-            state[key] = llama_permute(state[key], 4)
-        elif key.endswith("k_proj.weight"):
-            state[key] = llama_permute(state[key], 2)
-    add_tensors(writer, state, "llama-embed", 2, f16=False)
-    finish(writer)
+    add_llama_vocabulary_and_tensors(writer, tok, "llama-bpe", model, "llama-embed")
     return model, tok
 
 
@@ -495,5 +502,72 @@ def test_llama_embed_gguf_ids_and_vectors_equal_transformers_and_llama_server(tm
     for row, token_ids in zip(ours, ids, strict=True):
         assert cosine(row, hf_hidden(model, token_ids, token_types=False).mean(axis=0)) >= 0.9999
     their_ids, theirs = llama_server_answers(path, DECODER_TEXTS, "--pooling", "mean")
+    assert ids == their_ids
+    assert min(cosine(a, b) for a, b in zip(ours, theirs)) >= 0.9999
+
+
+def tekken_tokenizer():
+    """decoder_fixture's byte-level BPE with Mistral Tekken's pre-tokenizer regex (case runs, one digit a piece)
+    and a BOS first, as Ministral 3's tokenizer."""
+    from tokenizers import Regex, pre_tokenizers
+
+    from engine.loading.gguf.vocab import _TEKKEN
+    from tests.engine.test_gguf_arch import lfm2_tokenizer
+
+    tok = lfm2_tokenizer()  # a BOS first
+    tok.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(_TEKKEN), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    return tok
+
+
+def write_mistral3_gguf(path: Path, bidirectional: bool):
+    """test_ministral3's random Ministral3Model (YaRN over an original context of 32, Llama 4 attention scaling
+    0.1, tied embeddings) as the converter writes `mistral3`: Llama's names, q/k permuted, the rope scaling keys,
+    yarn_log_multiplier (mscale_all_dim) and attention.temperature_scale (llama_4_scaling_beta), attention.causal
+    false where config.json says is_causal false (Nemotron-3-Embed), no pooling type; pre-tokenizer tekken. F32."""
+    from tests.engine.families.decoder_fixture import save_random
+    from tests.engine.families.test_ministral3 import ROPE, as_bidirectional
+
+    _, model = save_random(path.parent / "src", "Ministral3Model", "Ministral3Config", seed=21, rope_parameters=ROPE,
+                           tie_word_embeddings=True, num_hidden_layers=3)
+    if bidirectional:
+        model = as_bidirectional(model)
+    config = model.config
+    tok = tekken_tokenizer()
+    writer = gguf.GGUFWriter(str(path), "mistral3")
+    writer.add_vocab_size(len(tok))
+    writer.add_rope_dimension_count(16)
+    add_sizes(writer, context=512, width=64, ff=96, layers=3, heads=4, kv_heads=2)
+    writer.add_rope_freq_base(ROPE["rope_theta"])
+    writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+    writer.add_rope_scaling_factor(ROPE["factor"])
+    writer.add_rope_scaling_orig_ctx_len(ROPE["original_max_position_embeddings"])
+    writer.add_rope_scaling_yarn_beta_fast(ROPE["beta_fast"])
+    writer.add_rope_scaling_yarn_beta_slow(ROPE["beta_slow"])
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_rope_scaling_yarn_log_mul(ROPE["mscale_all_dim"])
+    writer.add_attn_temperature_scale(ROPE["llama_4_scaling_beta"])
+    if bidirectional:
+        writer.add_causal_attention(False)
+    add_llama_vocabulary_and_tensors(writer, tok, "tekken", model, "mistral3")
+    return model, tok
+
+
+@pytest.mark.parametrize("bidirectional", [True, False], ids=["bidirectional", "causal"])
+def test_mistral3_gguf_ids_and_vectors_equal_transformers_and_llama_server(tmp_path, bidirectional):
+    """Nemotron-3-Embed's bidirectional Ministral 3 and the causal Ministral 3 with --embedding, on ~100-token
+    inputs (past the original context of 32: the YaRN ramp and the query scale both matter), --pooling mean."""
+    from tests.engine.families.decoder_fixture import LONG_TEXTS
+    from tests.engine.test_gguf_arch import DECODER_TEXTS
+
+    texts = DECODER_TEXTS + LONG_TEXTS[-2:]
+    path = tmp_path / "tiny-mistral3-f32.gguf"
+    model, tok = write_mistral3_gguf(path, bidirectional)
+    ids, ours = embed_mean(path, texts)
+    assert ids == [tok(s).input_ids for s in texts] and max(map(len, ids)) > 64
+    for row, token_ids in zip(ours, ids, strict=True):
+        assert cosine(row, hf_hidden(model, token_ids, token_types=False).mean(axis=0)) >= 0.9999
+    their_ids, theirs = llama_server_answers(path, texts, "--pooling", "mean")
     assert ids == their_ids
     assert min(cosine(a, b) for a, b in zip(ours, theirs)) >= 0.9999
