@@ -255,4 +255,6 @@ def test_an_architecture_not_read_is_refused_naming_those_that_are():
         for_architecture("jina-bert-v2", "m.gguf")
     message = str(caught.value)
     assert message.startswith("m.gguf: GGUF architecture 'jina-bert-v2' is not supported (supported: ")
-    assert all(name in message for name in ("bert", "lfm2", "modern-bert", "qwen2", "qwen3"))
+    read = ("bert", "eurobert", "lfm2", "llama-embed", "mistral3", "modern-bert", "nomic-bert-moe", "qwen2", "qwen3",
+            "t5encoder")
+    assert all(name in message for name in read)

@@ -77,6 +77,8 @@ def build(checkpoint: Checkpoint, gguf: GGUFFile, dtype: str = "auto") -> tuple[
         else:
             raise UnsupportedCheckpoint(f"{checkpoint.path}: tensor {name!r} has no place in the "
                                         f"{mapping.FAMILY} family (GGUF architecture {gguf.architecture!r})")
+    if hasattr(mapping, "rename"):  # names that depend on the whole file (t5encoder's gated feed-forward)
+        trunk_weights = mapping.rename(trunk_weights, checkpoint.config)
     model: nn.Module = trunk
     weights = trunk.sanitize(trunk_weights)
     if is_reranker(gguf):
