@@ -26,6 +26,9 @@ import numpy as np
 
 from engine.families.base import BaseModelArgs, Trunk, attention, gelu_erf, padding_mask, split_heads
 from engine.families.bert import BertSelfOutput
+from engine.families.kernels import BLOCKWISE_FROM
+
+ALIBI_BLOCK_ROWS = 256  # query rows per attention pass on inputs of BLOCKWISE_FROM tokens or more
 
 
 @dataclass
@@ -56,6 +59,28 @@ def alibi_slopes(n_heads: int, max_bias: float) -> np.ndarray:
                     dtype=np.float32)
 
 
+class Alibi:
+    """One pass's ALiBi biases: -slope_h * |i - j| (llama.cpp's mask holds -|p0 - p1|, scaled per head by
+    soft_max_ext), for a band of query rows. The whole [L, L] bias of a short input is built once and shared by
+    every layer; a long input's bands are built as each is used (kept, they would add up to the quadratic
+    whole)."""
+
+    def __init__(self, slopes: np.ndarray, dtype: mx.Dtype):
+        self.slopes, self.dtype = mx.array(slopes)[:, None, None], dtype
+        self._whole: mx.array | None = None
+
+    def rows(self, q0: int, q1: int, length: int) -> mx.array:
+        """[1, H, q1 - q0, length]."""
+        whole = q0 == 0 and q1 == length
+        if whole and self._whole is not None:
+            return self._whole
+        distance = mx.abs(mx.arange(q0, q1)[:, None] - mx.arange(length)[None, :]).astype(mx.float32)
+        band = (-self.slopes * distance)[None].astype(self.dtype)
+        if whole:
+            self._whole = band
+        return band
+
+
 class JinaBertEmbeddings(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
@@ -79,12 +104,24 @@ class JinaBertSelfAttention(nn.Module):
             self.layer_norm_q = nn.LayerNorm(d, eps=args.layer_norm_eps)
             self.layer_norm_k = nn.LayerNorm(d, eps=args.layer_norm_eps)
 
-    def __call__(self, x: mx.array, mask, bias: mx.array) -> mx.array:
+    def __call__(self, x: mx.array, mask, alibi: Alibi) -> mx.array:
         q, k, v = self.query(x), self.key(x), self.value(x)
         if "layer_norm_q" in self:
             q, k = self.layer_norm_q(q), self.layer_norm_k(k)
         q, k, v = (split_heads(t, self.n_heads) for t in (q, k, v))
-        return attention(q, k, v, mask, bias=bias)
+        length = q.shape[2]
+        if length < BLOCKWISE_FROM:
+            return attention(q, k, v, mask, bias=alibi.rows(0, length, length))
+        # A bias makes each pass dense: on a long input, one band of query rows at a time, chained so MLX does
+        # not schedule them all at once (memory linear in the length, as the engine's memory law assumes).
+        outs: list[mx.array] = []
+        for q0 in range(0, length, ALIBI_BLOCK_ROWS):
+            q1 = min(q0 + ALIBI_BLOCK_ROWS, length)
+            block = q[:, :, q0:q1]
+            if outs:
+                block = mx.depends(block, outs[-1])
+            outs.append(attention(block, k, v, mask, bias=alibi.rows(q0, q1, length)))
+        return mx.concatenate(outs, axis=1)
 
 
 class JinaBertAttention(nn.Module):
@@ -124,8 +161,8 @@ class JinaBertLayer(nn.Module):
             self.layer_norm_1 = nn.LayerNorm(args.hidden_size, eps=args.layer_norm_eps)
         self.mlp = JinaBertMLP(args)
 
-    def __call__(self, x: mx.array, mask, bias: mx.array) -> mx.array:
-        h = self.attention.output(self.attention.self(x, mask, bias), x)
+    def __call__(self, x: mx.array, mask, alibi: Alibi) -> mx.array:
+        h = self.attention.output(self.attention.self(x, mask, alibi), x)
         if "layer_norm_1" in self:
             h = self.layer_norm_1(h + x)
         return self.mlp(h)
@@ -147,23 +184,15 @@ class Model(Trunk):
         self.encoder = JinaBertEncoder(args)
         self._slopes = alibi_slopes(args.num_attention_heads, args.alibi_max_bias)  # numpy: not a parameter
 
-    def alibi(self, length: int, dtype: mx.Dtype) -> mx.array:
-        """[1, H, L, L]: -slope_h * |i - j| (llama.cpp's mask holds -|p0 - p1|, scaled per head by soft_max_ext).
-        An additive bias makes the attention pass dense (as MPNet's and T5's relative biases): memory quadratic
-        in the input length."""
-        pos = mx.arange(length)
-        distance = mx.abs(pos[:, None] - pos[None, :]).astype(mx.float32)
-        return (-mx.array(self._slopes)[:, None, None] * distance)[None].astype(dtype)
-
     def __call__(self, input_ids: mx.array, attention_mask: mx.array,
                  token_type_ids: mx.array | None = None) -> mx.array:
         if token_type_ids is None:
             token_type_ids = mx.zeros_like(input_ids)
         x = self.embeddings(input_ids, token_type_ids)
         mask = padding_mask(attention_mask)
-        bias = self.alibi(input_ids.shape[1], x.dtype)
+        alibi = Alibi(self._slopes, x.dtype)
         for layer in self.encoder.layer:
-            x = layer(x, mask, bias)
+            x = layer(x, mask, alibi)
         return x
 
     def sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:

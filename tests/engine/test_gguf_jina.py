@@ -1,7 +1,8 @@
 """`jina-bert-v2` GGUFs (jina-embeddings-v2-*, jina-reranker-v1-*), which have no transformers reference: written
 here with the gguf package's writer in llama.cpp's converter layout (JinaBertV2Model, conversion/bert.py at 3f545bec,
 names through gguf's own tensor-name map) from random weights, and checked against the real llama-server on the
-same file: token ids equal, vectors cosine >= 0.99999, scores within 1e-3, identity as /v1/models and /props report it."""
+same file: token ids equal, vectors cosine >= 0.99999, identity as /v1/models and /props report it (the reranker
+layout: test_gguf_jina_reranker.py)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -155,30 +156,24 @@ def test_jina_bert_v2_gguf_ids_vectors_and_identity_equal_llama_servers(tmp_path
     embeddings_equal_llama_servers(path, "F16" if f16 else "all F32")
 
 
-def test_jina_reranker_v1_gguf_scores_equal_llama_servers(tmp_path):
-    """jina-reranker-v1's layout: a `cls` classifier (no cls.output, the pooler dropped), a BPE vocabulary with
-    pre `jina-v1-en`: llama-server scores `<s> q </s> </s> d </s>` as tanh(cls(h_<s>)), raw."""
-    from engine import Pooling
+def test_jina_bert_v2_long_input_in_query_bands_equals_llama_servers(tmp_path):
+    """From 512 tokens on, attention runs in bands of query rows (each with its own slice of the ALiBi bias):
+    the band edges change nothing."""
+    from engine.families import jina_bert
     from tests.peer_llama import LlamaServer
 
-    path = tmp_path / "tiny-jina-reranker-v1-f32.gguf"
-    tokenizer = write_jina_bert_gguf(path, "geglu", vocab="bpe", classifier=True)
-    query = "Machine learning is"
-    docs = ["A machine is a physical system that uses power to apply forces.", "Gravity is a force. " * 4,
-            "Machine learning is a field of study in artificial intelligence.", "yes no maybe", "Paris, capitale."]
-    eng = start_engine(path, pooling=Pooling.RANK, max_seq=128)
+    path = tmp_path / "tiny-jina-bert-v2-long.gguf"
+    write_jina_bert_gguf(path, "geglu")
+    texts = ["Gravity is a force that attracts masses; machine learning learns from data. " * 45, "hello"]
+    eng = start_engine(path, max_seq=768, ubatch_tokens=1024)
     try:
-        assert eng.info.is_reranker
-        pairs = eng.tokenizer.encode_pairs([(query, doc) for doc in docs])
-        got = eng.rerank(query, docs).scores
-        identity = identity_of(eng.info)
+        ids = [eng.encode_prompt([s]) for s in texts]
+        ours = eng.embed(ids).vectors
     finally:
         eng.close(wait=True)
-    s, e = tokenizer.convert_tokens_to_ids(["<s>", "</s>"])
-    assert pairs[0][0] == [s, *tokenizer.encode(query), e, e, *tokenizer.encode(docs[0]), e]
-    with LlamaServer(path, "--reranking") as llama:
-        theirs = llama.rerank(query, docs)
-        theirs_identity = llama_identity(llama)
-    assert identity == theirs_identity
-    assert max(abs(a) for a in theirs) < 1 and np.ptp(theirs) > 0.05  # tanh'd, and told apart
-    np.testing.assert_allclose(got, theirs, atol=1e-3)  # measured 4.7e-4 (erf GELU here, ggml's table there)
+    rows = jina_bert.ALIBI_BLOCK_ROWS
+    assert len(ids[0]) >= jina_bert.BLOCKWISE_FROM and len(ids[0]) > 2 * rows and len(ids[0]) % rows  # 3 bands
+    with LlamaServer(path, "--embedding", "-b", "1024", "-ub", "1024") as llama:
+        assert ids == [llama.tokenize(s) for s in texts]
+        theirs = llama.embeddings(texts)
+    assert min(cosine(a, b) for a, b in zip(ours, theirs, strict=True)) >= 0.99999
