@@ -3,6 +3,8 @@ written here with the gguf package's writer in the layout of the published files
 3f545bec refuses JinaBertForSequenceClassification), and scored against the real llama-server on the same file."""
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
 
@@ -12,7 +14,7 @@ from tests.engine.test_gguf_jina import identity_of, llama_identity, write_jina_
 pytest.importorskip("gguf")
 
 
-def test_jina_reranker_v1_gguf_scores_equal_llama_servers(tmp_path):
+def test_jina_reranker_v1_gguf_scores_equal_llama_servers(tmp_path, caplog):
     """jina-reranker-v1's layout: a `cls` classifier (no cls.output, the pooler dropped), a BPE vocabulary with
     pre `jina-v1-en`: llama-server scores `<s> q </s> </s> d </s>` as tanh(cls(h_<s>)), raw."""
     from engine import Pooling
@@ -23,9 +25,11 @@ def test_jina_reranker_v1_gguf_scores_equal_llama_servers(tmp_path):
     query = "Machine learning is"
     docs = ["A machine is a physical system that uses power to apply forces.", "Gravity is a force. " * 4,
             "Machine learning is a field of study in artificial intelligence.", "yes no maybe", "Paris, capitale."]
-    eng = start_engine(path, pooling=Pooling.RANK, max_seq=128)
+    with caplog.at_level(logging.WARNING, logger="engine.loading.gguf.load"):
+        eng = start_engine(path, pooling=Pooling.RANK, max_seq=128)
     try:
         assert eng.info.is_reranker
+        assert caplog.text.count("a jina reranker converted for llama.cpp has no pooler") == 1
         pairs = eng.tokenizer.encode_pairs([(query, doc) for doc in docs])
         got = eng.rerank(query, docs).scores
         identity = identity_of(eng.info)

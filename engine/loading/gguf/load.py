@@ -100,6 +100,10 @@ def build(checkpoint: Checkpoint, gguf: GGUFFile, dtype: str = "auto") -> tuple[
             log.warning("%s: a BERT cross-encoder converted by llama.cpp has no pooler and no token types; it is "
                         "scored as llama-server scores it (classifier on the [CLS] state), which cannot reproduce "
                         "the original checkpoint's scores", checkpoint.path)
+        if "cls.weight" in head_weights and "cls_output.weight" not in head_weights:  # jina-reranker-v1
+            log.warning("%s: a jina reranker converted for llama.cpp has no pooler; it is scored as llama-server "
+                        "scores it (tanh of the classifier on the [CLS] state), which cannot reproduce the original "
+                        "checkpoint's scores", checkpoint.path)
     # ggml drops trailing dimensions of size 1 (a one-label classifier is stored as a vector): restore them
     expected = dict(tree_flatten(model.parameters()))
     weights = {k: v.reshape(expected[k].shape) if k in expected and v.shape != expected[k].shape
