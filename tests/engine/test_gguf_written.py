@@ -445,13 +445,13 @@ def test_unsupported_tensor_types_and_architectures_are_named(tmp_path):
     from engine.errors import UnsupportedCheckpoint
 
     path = tmp_path / "iq4.gguf"
-    writer = gguf.GGUFWriter(str(path), "jina-bert-v2")
+    writer = gguf.GGUFWriter(str(path), "bloom")
     block_bytes = gguf.GGML_QUANT_SIZES[Q.IQ4_NL][1]
     writer.add_tensor("blk.0.ffn_up.weight", np.zeros((2, 2 * block_bytes), np.uint8), raw_dtype=Q.IQ4_NL)
     finish(writer)
     with pytest.raises(UnsupportedCheckpoint, match=r"'blk\.0\.ffn_up\.weight' has type IQ4_NL"):
         GGUFFile(path).array("blk.0.ffn_up.weight")
-    with pytest.raises(UnsupportedCheckpoint, match="GGUF architecture 'jina-bert-v2' is not supported"):
+    with pytest.raises(UnsupportedCheckpoint, match="GGUF architecture 'bloom' is not supported"):
         start_engine(path)
 
 
