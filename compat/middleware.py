@@ -9,6 +9,7 @@ from urllib.parse import urlsplit
 
 import falcon
 
+from compat import stages
 from compat.errors import AUTHENTICATION, INVALID_REQUEST, UNAVAILABLE, TransportError, not_found
 
 if TYPE_CHECKING:
@@ -139,10 +140,12 @@ class TimingMiddleware:
 
     def process_request(self, req: falcon.Request, resp: falcon.Response) -> None:
         req.context.started = time.perf_counter()
+        stages.begin(req)
 
     def process_response(self, req: falcon.Request, resp: falcon.Response, resource: Any,
                          req_succeeded: bool) -> None:
         timings = req.context.get("timings")
+        stages.finish(req, resp, timings)
         if timings is None:
             return
         total_s = time.perf_counter() - req.context.started
