@@ -14,6 +14,7 @@ plain batches; the stage table is the medians over the stamped ones:
   client -> waitress      the client's send until waitress made the request's parser (kernel, select wake-up)
   waitress -> app         HTTP parse and the hand-off to a waitress task thread, until the falcon app runs
   middleware + JSON       the middleware chain, routing, the lease and the body's JSON parse
+  request fields          the request's fields checked and its inputs read (compat/wire/embeddings.py)
   tokenize + fit          the engine's tokenize_s (prompts tokenized and fitted, on the request thread)
   queue -> pass           submit to the engine lane until its pass starts (the hand-off, batch assembly)
   forward pass            the engine's inference_s: the pass launched, evaluated, its rows in numpy
@@ -59,6 +60,7 @@ STAGES = (  # (label, function of one stamped request's stamps and client times,
     ("client -> waitress", lambda s: s["arrived"] - s["sent"]),
     ("waitress -> app", lambda s: s["app"] - s["arrived"]),
     ("middleware + JSON", lambda s: s["parsed"] - s["app"]),
+    ("request fields", lambda s: s["engine_in"] - s["parsed"]),
     ("tokenize + fit", lambda s: s["tokenize_s"]),
     ("queue -> pass", lambda s: s["queue_s"]),
     ("forward pass", lambda s: s["inference_s"]),

@@ -6,8 +6,7 @@ host reads) plus the engine's own durations. Without the request header nothing 
 lookup, so the stamps cost a lone request nothing. Stamps, in order:
 
 - `arrived`: waitress made the request's parser (its first bytes were read);
-- `app`: the falcon app's first middleware after the lifecycle check (the request was parsed by waitress and
-  handed to a task thread);
+- `app`: the falcon app's first middleware (the request was parsed by waitress and handed to a task thread);
 - `parsed`: the body's JSON parsed (after the middleware chain, routing and the lease);
 - `engine_in` / `engine_out`: around the engine call (prompts formatted, tokenized, fitted, queued, computed,
   handed back, finished); the engine's `tokenize_s`, `queue_s` (queued until its pass started) and
@@ -26,12 +25,10 @@ REQUEST_HEADER = "X-Stage-Times"
 RESPONSE_HEADER = "x-stage-times"
 
 
-def begin(req: falcon.Request) -> None:
-    """Start recording when the request asked for its stage times."""
+def begin(req: falcon.Request, arrived: float | None) -> None:
+    """Start recording when the request asked for its stage times (the first middleware calls this, with the
+    listener's arrival stamp)."""
     if req.get_header(REQUEST_HEADER) == "1":
-        from compat.lifecycle import ARRIVED_KEY  # lifecycle imports the middleware, which imports this module
-
-        arrived = req.env.get(ARRIVED_KEY)
         stages: dict[str, float] = {"arrived": arrived} if arrived is not None else {}
         stages["app"] = time.monotonic()
         req.context.stages = stages
