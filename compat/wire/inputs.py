@@ -66,6 +66,9 @@ def _orjson_depth_limit(cap: int = 1 << 16) -> int:
 # that nest more than MAX_JSON_DEPTH levels, at the cost of copying the body once (no walk, no scan).
 _WRAP = _orjson_depth_limit() - MAX_JSON_DEPTH
 _OPEN, _CLOSE = b"[" * _WRAP, b"]" * _WRAP
+# Bodies up to this size have their brackets counted first (~1 µs per KiB), so one with too few to nest past
+# MAX_JSON_DEPTH skips the wrapped parse; counting a larger one would cost more than the wrapping it could save.
+_COUNTED_BYTES = 64 << 10
 
 
 def _unwrapped(wrapped: Any) -> tuple[bool, Any]:
@@ -90,12 +93,12 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
     """A request body as a JSON object; the parser's own message on failure (llama: 500, here 400, §13).
 
     The body's size is bounded before this (--payload-limit); its nesting is bounded here, by orjson: the body
-    is parsed wrapped in _WRAP arrays, which leaves it MAX_JSON_DEPTH levels below orjson's limit, unless it holds
-    too few brackets to nest that deep (then it is parsed alone). Anything
+    is parsed wrapped in _WRAP arrays, which leaves it MAX_JSON_DEPTH levels below orjson's limit, unless it is
+    small and holds too few brackets to nest that deep (then it is parsed alone). Anything
     unusual (a parse error, a broken chain) is parsed again alone, so the answer is what parsing the body alone
     says: its own error, "not an object", or too deep."""
     text = raw.encode() if isinstance(raw, str) else raw
-    if text.count(b"[") + text.count(b"{") <= MAX_JSON_DEPTH:
+    if len(text) <= _COUNTED_BYTES and text.count(b"[") + text.count(b"{") <= MAX_JSON_DEPTH:
         # Each level of nesting opens with its own bracket, so this body cannot be too deep: parsed alone (a
         # short request's body; the wrapped parse below costs ~1 ms, its thousand arrays built and walked).
         whole, body = True, _parsed_alone(text)

@@ -126,6 +126,10 @@ def test_a_body_with_few_brackets_is_parsed_alone(monkeypatch):
     monkeypatch.setattr(compat.wire.inputs.orjson, "loads", lambda data: calls.append(data) or real(data))
     assert parse_json_object(raw) == real(raw)
     assert calls == [raw]
+    calls.clear()
+    big = orjson.dumps({"input": ["word " * 200] * 100})  # few brackets, but too big to count: wrapped
+    assert len(big) > compat.wire.inputs._COUNTED_BYTES and parse_json_object(big) == real(big)
+    assert len(calls) == 1 and len(calls[0]) > len(big)
 
 
 def _draining_client(*argv: str) -> tuple[TestClient, Lifecycle]:
