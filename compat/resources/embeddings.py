@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import falcon
 
+from compat import stages
 from compat.catalog import EMBEDDING
 from compat.errors import bad_request
 from compat.media import with_images
@@ -28,16 +29,20 @@ class EmbeddingsResource:
             if self._oai and info.pooling is Pooling.NONE and not info.multi_vector:
                 raise bad_request(POOLING_NONE_OAI)
             raw = body()
+            stages.stamp(req, "parsed")
             check_count(served, count_prompts(raw["input"] if "input" in raw else raw.get("content")), "inputs")
             request = parse_embeddings_request(raw, oai_route=self._oai,
                                                default_normalize=served.settings.embd_normalize,
                                                width=info.n_embd, takes_images=info.takes_images,
                                                multi_vector=info.multi_vector)
+            stages.stamp(req, "engine_in")
             result = embed_request_prompts(served, request.prompts, request.truncate, request.prompt_name,
                                            request.instruction, request.embd_normalize, request.dimensions,
                                            request.truncation_direction, request.late_chunking)
+            stages.stamp(req, "engine_out")
             served.record(result)
         resp.media = render_embeddings_response(request, result, served.name)
+        stages.stamp(req, "rendered")
 
 
 def embed_request_prompts(served: Served, prompts: list[Prompt], truncate: bool | None, prompt_name: str | None,
