@@ -33,9 +33,10 @@ def test_passes_at_new_widths_do_not_fault_in_fresh_pages():
         before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         run(4, width)
         faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-    # glibc's defaults: about 30,000 per pass at these widths (a pass's buffers mapped afresh and handed back).
-    # The median, because another engine unloading meanwhile (malloc.release) empties the heap once.
-    assert sorted(faults)[len(faults) // 2] < 1000, faults
+    # glibc's defaults: about 30,000 per pass at these widths (a pass's buffers mapped afresh and handed back),
+    # every pass. The fewest, because the count is the whole process's: another engine of the test session
+    # unloading (malloc.release) or computing meanwhile faults pages of its own (seen: 1,400-6,500 in a pass).
+    assert min(faults) < 1000, faults
 
 
 def _rss() -> int:

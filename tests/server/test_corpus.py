@@ -95,11 +95,11 @@ def test_text_csv_and_parquet_inputs_give_the_same_vectors(tmp_path, expected, c
     code, _ = run("--input", str(tmp_path / "c.csv"), "--output", str(tmp_path / "c.parquet"),
                   "--text-field", "body", "--id-field", "key", capsys=capsys)
     assert code == 0 and read(tmp_path / "c.parquet")[0] == [f"k{i}" for i in range(6)]
-    np.testing.assert_array_equal(read(tmp_path / "c.parquet")[1], vectors)
+    np.testing.assert_allclose(read(tmp_path / "c.parquet")[1], vectors, rtol=0, atol=1e-6)  # batch invariance
     pq.write_table(pa.table({"id": list(range(100, 106)), "text": TEXTS[:6]}), tmp_path / "in.parquet")
     code, _ = run("--input", str(tmp_path / "in.parquet"), "--output", str(tmp_path / "p.parquet"), capsys=capsys)
     assert code == 0 and read(tmp_path / "p.parquet")[0] == [str(i) for i in range(100, 106)]
-    np.testing.assert_array_equal(read(tmp_path / "p.parquet")[1], vectors)
+    np.testing.assert_allclose(read(tmp_path / "p.parquet")[1], vectors, rtol=0, atol=1e-6)
 
 
 def test_options_reach_the_vectors(tmp_path, server, capsys):
@@ -143,7 +143,12 @@ def test_a_killed_run_resumes_to_the_same_file(tmp_path, capsys):
     assert f"this run embedded {240 - 16 * done} in" in err  # the finished row groups were not recomputed
     clean = tmp_path / "clean.parquet"
     assert run("--input", str(source), "--output", str(clean), "--rows-per-group", "16", capsys=capsys)[0] == 0
-    assert killed.read_bytes() == clean.read_bytes()
+    # the same rows in the same order with the same metadata; vectors within batch invariance, since how the
+    # engine groups rows into passes follows the timing of a loaded machine (widths differ by a few ULPs' sums)
+    resumed, fresh = pq.read_table(killed), pq.read_table(clean)
+    assert resumed.schema == fresh.schema and resumed.schema.metadata == fresh.schema.metadata
+    assert resumed.column("id").to_pylist() == fresh.column("id").to_pylist()
+    np.testing.assert_allclose(read(killed)[1], read(clean)[1], rtol=0, atol=1e-6)
 
 
 def test_ray_writes_the_single_process_file(tmp_path, expected, capsys):
