@@ -168,7 +168,9 @@ def test_reranker_equals_server(reranker, rerank_server):
     expected = server_scores(rerank_server, QUERY, DOCUMENTS)
     np.testing.assert_allclose(reranker.predict([(QUERY, d) for d in DOCUMENTS]), expected, rtol=0, atol=1e-6)
     ranked = reranker.rank(QUERY, DOCUMENTS)
-    assert [r["index"] for r in ranked] == sorted(range(4), key=lambda i: (-expected[i], i))
+    # the server's scores of the two equal documents may differ in their last bits (the passes they shared):
+    # equal to batch invariance is a tie
+    assert [r["index"] for r in ranked] == sorted(range(4), key=lambda i: (-round(expected[i], 5), i))
     assert ranked[0]["index"] == 0 and ranked[1]["index"] == 3  # the tie: ascending index
     assert reranker.rank(QUERY, DOCUMENTS, top_n=2) == ranked[:2]
     assert reranker.kind == "cross-encoder"
