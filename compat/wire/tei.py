@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from compat.errors import ApiError, api_error_from_engine
-from compat.wire.inputs import Prompt, is_token, parse_input_prompts
+from compat.wire.inputs import Prompt, is_token, parse_input_prompts, whole
 from engine import check_dimensions
 from engine.errors import EmptyInput, EngineError, InputTooLong, InvalidTokens, NotLoaded, QueueFull
 from engine.types import EmbedResult, ModelInfo, Pooling, TokenSpan
@@ -130,7 +130,7 @@ def parse_embed_request(body: dict[str, Any], *, width: int, per_token: bool = F
     if per_token:
         return TeiEmbedRequest(prompts, -1, truncate, prompt_name, None, left)
     normalize = _bool(body, "normalize", True)
-    dimensions = body.get("dimensions")
+    dimensions = whole(body.get("dimensions"))
     try:
         check_dimensions(dimensions, width)
     except EngineError as exc:
@@ -249,4 +249,5 @@ def parse_decode_request(body: dict[str, Any]) -> TeiDecodeRequest:
             raise TeiError("Validation", '"ids" must be a list of token ids, or a list of such lists', status=422)
     if not any(batch):
         raise TeiError("Empty", "`ids` cannot be empty")
-    return TeiDecodeRequest(batch, bool(_bool(body, "skip_special_tokens", True)))
+    return TeiDecodeRequest([[whole(t) for t in one] for one in batch],
+                            bool(_bool(body, "skip_special_tokens", True)))

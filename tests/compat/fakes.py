@@ -156,6 +156,11 @@ class FakeEngine:
         return EmbedResult(vectors=vectors, n_tokens=[len(ids) for ids in kept],
                            timings=Timings(tokenize_s=0.0, queue_s=0.002, inference_s=0.0125))
 
+    def maxsim(self, query, documents, *, truncate: bool | None = None, timeout_s: float = 3600) -> RerankResult:
+        """The engine's refusal: the fake is no multi-vector model."""
+        raise InvalidInput("MaxSim needs a multi-vector (late-interaction) model; this model (BertModel) gives one "
+                           "vector per input")
+
     def rerank(self, query: str | ImageInput, documents: Sequence[str | ImageInput], *, truncate: bool | None = None,
                instruction: str | None = None, max_chunks: int | None = None, timeout_s: float = 3600,
                sigmoid: bool | None = None) -> RerankResult:
