@@ -150,6 +150,13 @@ def tei_operations(settings: Settings, serving: Serving) -> dict[str, dict[str, 
     if no_embed_all is None and infos and len(infos) == len(embedders) and not any(
             info.pooling is Pooling.NONE and not info.multi_vector for info in infos):
         no_embed_all = (501, "/embed_all needs a model served with --pooling none")
+    no_similarity = no_embeddings
+    if no_similarity is None and infos and len(infos) == len(embedders) and all(
+            info.pooling is Pooling.NONE or info.multi_vector for info in infos):
+        no_similarity = (501, "/similarity needs one vector per sentence: this model gives one per token")
+    # POST / is /similarity when `inputs` is an object: only /embed's body where that cannot be served
+    root_body = (_ref("TeiEmbedRequest") if no_similarity is not None and no_embeddings is None else
+                 {"anyOf": [_ref("TeiEmbedRequest"), _ref("TeiSimilarityRequest")]})
     no_root = no_embeddings
     if not serving.router and serving.models[0].kind == RERANK:
         no_root = (501, "this model is a reranker: POST /rerank")
@@ -166,10 +173,10 @@ def tei_operations(settings: Settings, serving: Serving) -> dict[str, dict[str, 
                                 "responses": answers(_ref("TeiTokenEmbeddings"), no_embed_all)}},
         "/similarity": {"post": {"summary": "TEI: the cosine of each sentence with the source sentence",
                                  "requestBody": _body(_ref("TeiSimilarityRequest")),
-                                 "responses": answers(_ref("TeiSimilarity"), no_embeddings)}},
+                                 "responses": answers(_ref("TeiSimilarity"), no_similarity)}},
         "/": {"post": {"summary": "TEI's root route (huggingface_hub's InferenceClient): /embed, or /similarity when "
                                   "`inputs` is {source_sentence, sentences}",
-                       "requestBody": _body({"anyOf": [_ref("TeiEmbedRequest"), _ref("TeiSimilarityRequest")]}),
+                       "requestBody": _body(root_body),
                        "responses": answers({"anyOf": [_ref("TeiEmbeddings"), _ref("TeiSimilarity")]}, no_root)}},
         "/decode": {"post": {"summary": "TEI: token ids back to text, one string per list",
                              "requestBody": _body(_ref("TeiDecodeRequest")),

@@ -32,6 +32,8 @@ from engine import check_dimensions
 from engine.errors import EmptyInput, EngineError, InputTooLong, InvalidTokens, NotLoaded, QueueFull
 from engine.types import EmbedResult, ModelInfo, Pooling, TokenSpan
 
+PER_TOKEN_SIMILARITY = ("/similarity compares one vector per sentence; this model gives one vector per token "
+                        "(--pooling none, or a multi-vector model): serve it with a pooling (mean, cls, last)")
 BAD_DIRECTION = '"truncation_direction" must be "Right" or "Left"'
 EMPTY_INPUTS = "`inputs` cannot be empty"
 BAD_SIMILARITY = '"inputs" must be {"source_sentence": string, "sentences": [string, ...]}'
@@ -141,6 +143,12 @@ def parse_embed_request(body: dict[str, Any], *, width: int, per_token: bool = F
 def render_embed_response(result: EmbedResult) -> list[np.ndarray]:
     """[[float]] for /embed; [[[float]]] (each input's rows) for /embed_all."""
     return [np.asarray(vector, dtype=np.float64) for vector in result.vectors]
+
+
+def check_similarity(info: ModelInfo) -> None:
+    """/similarity compares one vector per sentence: a model giving one per token cannot answer it."""
+    if info.pooling is Pooling.NONE or info.multi_vector:
+        raise TeiError("Backend", PER_TOKEN_SIMILARITY)
 
 
 def check_embed_all(info: ModelInfo) -> None:
