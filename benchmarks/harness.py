@@ -5,7 +5,10 @@ workloads, report and command line:
 - seeded texts: the word list, `random_words`, `make_texts` (cut to a token budget with the model's tokenizer),
   `request_texts` (request i's slice of a pool);
 - `Measurement` and `bounded_load`: one engine under one load, bounded by a request count and a duration;
-- RSS: `RssSampler` (process and children, psutil, every 50 ms) and `rss_mib` (/proc, the process alone);
+- RSS: `RssSampler` (process and children, psutil, every 50 ms), `rss_mib` (/proc, the process alone) and a
+  process's exact high-water mark (`reset_peak`, `peak_mib`: /proc VmHWM, reset through clear_refs);
+- long inputs: `long_input_ids` (one input of exactly n token ids, new for every call), `http_embed_ids`
+  (one such input through /v1/embeddings, timed, with its vector) and `cosine`;
 - server processes: `free_port`, `ServerProcess` (a subprocess whose output goes to a log file: start,
   wait for GET /health, stop), `MeasuredServer` (the benchmarks' one: timed to ready, RSS-sampled), and the
   command lines of ours and llama-server (`our_server_argv`, `llama_argv`);
@@ -182,6 +185,28 @@ def rss_mib(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     raise RuntimeError("no VmRSS")
+
+
+def reset_peak(pid: int | str = "self") -> None:
+    """Reset a process's high-water mark (VmHWM) to its current RSS (Linux >= 4.0); nothing where it cannot."""
+    try:
+        Path(f"/proc/{pid}/clear_refs").write_text("5")
+    except OSError:
+        pass
+
+
+def peak_mib(pid: int | str = "self") -> float:
+    """A process's resident high-water mark (VmHWM, MiB) since its start or the last `reset_peak`: exact, where
+    a sampler can miss a short peak. NaN when the process is gone (this process: getrusage's maximum)."""
+    import resource
+
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 if pid == "self" else float("nan")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -444,6 +469,40 @@ def http_rerank_client(base: str, queries: Sequence[str], docs: Sequence[str]) -
                 "top_n": RERANK_DOCS, "model": "bench"}
 
     return http_json_client(base + "/v1/rerank", body, "results", RERANK_DOCS, "results", "documents")
+
+
+def http_embed_ids(base: str, timeout: float = 1800.0) -> Callable[[list[int]], tuple[float, list[float]]]:
+    """One input given as token ids through /v1/embeddings: returns (seconds from send to the parsed answer, its
+    vector). A refusal raises RuntimeError with the status and the server's message; a dead server, requests'
+    ConnectionError."""
+    import orjson
+    import requests
+
+    session = requests.Session()
+
+    def call(ids: list[int]) -> tuple[float, list[float]]:
+        data = orjson.dumps({"input": ids, "encoding_format": "float", "model": "bench"})
+        started = time.perf_counter()
+        resp = session.post(base + "/v1/embeddings", data=data, headers={"Content-Type": "application/json"},
+                            timeout=timeout)
+        if resp.status_code != 200:
+            raise RuntimeError(f"HTTP {resp.status_code}: {resp.text[:300]}")
+        vector = orjson.loads(resp.content)["data"][0]["embedding"]
+        return time.perf_counter() - started, vector
+
+    return call
+
+
+def long_input_ids(n: int, call: int, eos: int, high: int = 150_000) -> list[int]:
+    """n token ids for the call-th call at that length: a pseudo-random sequence in [200, high), a new one for
+    every call (llama-server would otherwise reuse its cache of the previous prompt and compute one token), the
+    last one `eos` (what last-token pooling reads)."""
+    return [int(t) for t in np.random.default_rng([n, call + 1]).integers(200, high, n - 1)] + [eos]
+
+
+def cosine(a: Sequence[float], b: Sequence[float]) -> float:
+    x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    return float(x @ y / (np.linalg.norm(x) * np.linalg.norm(y)))
 
 
 def warm_http(make_client: Callable[[], Call], n: int = 2) -> None:

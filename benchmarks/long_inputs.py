@@ -19,15 +19,25 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from benchmarks.harness import (  # noqa: E402
+    MeasuredServer,
+    cosine,
+    free_port,
+    http_embed_ids,
+    llama_argv,
+    long_input_ids,
+    peak_mib,
+    reset_peak,
+)
+
 GGUF = Path("/work/shared/fixtures/gguf/tiny-random-qwen3-last-f16.gguf")
 LLAMA = Path("/work/shared/peers/llama-server")
 # llama-server refuses an input of exactly -c tokens ("exceeds the available context size"), so the top is one less
@@ -37,31 +47,7 @@ CTX = 32768
 
 
 def tokens(n: int, call: int) -> list[int]:
-    """n token ids for the call-th call at that length (a pseudo-random sequence within the vocabulary, a new one
-    for every call: llama-server would otherwise reuse its cache of the previous prompt and compute one token),
-    the last one <|endoftext|>."""
-    import numpy as np
-
-    return [int(t) for t in np.random.default_rng([n, call + 1]).integers(200, 150_000, n - 1)] + [EOS]
-
-
-# -- peak RSS per process -------------------------------------------------------------------------------------
-
-def reset_peak(pid: int | str = "self") -> None:
-    try:
-        Path(f"/proc/{pid}/clear_refs").write_text("5")  # resets VmHWM to the current RSS (Linux >= 4.0)
-    except OSError:
-        pass
-
-
-def peak_mib(pid: int | str = "self") -> float:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 if pid == "self" else float("nan")
+    return long_input_ids(n, call, EOS)
 
 
 # -- the three contestants --------------------------------------------------------------------------------------
@@ -109,39 +95,22 @@ class Baseline:
 
 
 class LlamaServer:
+    """llama-server on the GGUF (benchmarks/harness.py's MeasuredServer), one input of token ids per call."""
+
     def __init__(self, logs: Path):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.log = open(logs, "w")
-        started = time.monotonic()
-        self.proc = subprocess.Popen([str(LLAMA), "-m", str(GGUF), "--embedding", "--pooling", "last", "-c", str(CTX),
-                                      "-b", str(CTX), "-ub", str(CTX), "-np", "1", "--host", "127.0.0.1",
-                                      "--port", str(self.port)], stdout=self.log, stderr=subprocess.STDOUT)
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"llama-server exited ({self.proc.returncode}); see {logs}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                time.sleep(0.2)
-        self.startup_s = time.monotonic() - started
+        port = free_port()
+        flags = f"--pooling last -c {CTX} -b {CTX} -ub {CTX} -np 1"
+        self.server = MeasuredServer("llama-server", llama_argv(str(LLAMA), str(GGUF), port, False, flags), port,
+                                     logs, ready_timeout=600)
+        self.proc = self.server.proc
+        self.startup_s = self.server.startup_s
+        self.call = http_embed_ids(self.server.base, timeout=600)
 
     def __call__(self, ids: list[int]) -> tuple[float, list[float]]:
-        body = json.dumps({"input": ids, "encoding_format": "float"}).encode()
-        request = urllib.request.Request(f"http://127.0.0.1:{self.port}/v1/embeddings", data=body,
-                                         headers={"Content-Type": "application/json"})
-        started = time.perf_counter()
-        with urllib.request.urlopen(request, timeout=600) as r:
-            reply = json.loads(r.read())
-        return time.perf_counter() - started, reply["data"][0]["embedding"]
+        return self.call(ids)
 
     def close(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(30)
-        self.log.close()
+        self.server.stop()
 
 
 def worker(tree: Path, max_tokens: int) -> int:
@@ -156,11 +125,6 @@ def worker(tree: Path, max_tokens: int) -> int:
 
 
 # -- the run ------------------------------------------------------------------------------------------------------
-
-def cosine(a: list[float], b: list[float]) -> float:
-    dot = sum(x * y for x, y in zip(a, b, strict=True))
-    return dot / (sum(x * x for x in a) ** 0.5 * sum(y * y for y in b) ** 0.5)
-
 
 def measure(contestants: dict, pids: dict, n: int, repeat: int, warm: bool) -> dict:
     """name -> (best seconds over `repeat` calls, peak RSS MiB over them, the last vector) or the error it raised.
@@ -214,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     contestants = {"ours": Ours(REPO, max(lengths))}
     print(f"ours: loaded in {contestants['ours'].startup_s:.1f} s (per-input limit "
           f"{contestants['ours'].info.max_input_tokens}, widths warmed {contestants['ours'].info.widths})", flush=True)
-    llama = contestants["llama-server"] = LlamaServer(Path("/tmp/long_inputs.llama-server.log"))
+    llama = contestants["llama-server"] = LlamaServer(Path("/tmp"))
     print(f"llama-server: ready in {llama.startup_s:.1f} s", flush=True)
     if args.baseline:
         base = contestants["baseline"] = Baseline(args.baseline.resolve(), min(max(lengths), args.baseline_max))

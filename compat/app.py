@@ -37,6 +37,7 @@ from compat.resources.ollama import ollama_routes
 from compat.resources.rerank import RerankResource
 from compat.resources.tei import tei_routes
 from compat.resources.score import ScoreResource
+from compat.resources.classify import classify_routes
 from compat.resources.tokenize import DetokenizeResource, TokenizeResource
 from compat.resources.unsupported import UnsupportedRouteResource, not_served_message
 from compat.routing import ModelRouter, Models, SingleModel
@@ -110,6 +111,7 @@ def create_app(settings: Settings, engine: Engine | ModelRouter, lifecycle: Life
         "/v1/embed": CohereEmbedResource(models, version=1),  # Cohere embed (docs/routes.md)
         "/v2/embed": CohereEmbedResource(models, version=2),
         **dict.fromkeys(("/score", "/v1/score"), ScoreResource(models)),  # vLLM's score API
+        **classify_routes(models),  # TEI's /predict, vLLM's /classify: sequence classifiers (docs/routes.md)
         # ours: late-interaction scoring for multi-vector models (docs/routes.md, "Multi-vector output and MaxSim")
         **{path: maxsim for path in ("/maxsim", "/v1/maxsim")},
         **ollama_routes(models, settings),  # Ollama's /api/embed, /api/embeddings, /api/tags, ... (docs/routes.md)

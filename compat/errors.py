@@ -19,6 +19,7 @@ from engine.errors import (
     InvalidInput,
     InvalidTokens,
     LoadFailed,
+    NotEnoughMemory,
     NotLoaded,
     OutOfMemory,
     QueueFull,
@@ -125,6 +126,7 @@ ENGINE_ERRORS: dict[type[EngineError], Callable[[Any], ApiError]] = {
     TooManyInputs: lambda e: too_large(str(e)),
     ReplyTimeout: lambda e: ApiError(504, TIMEOUT, str(e) or "The request was not served in time"),
     NotLoaded: lambda e: ApiError(503, UNAVAILABLE, "Loading model"),
+    NotEnoughMemory: lambda e: ApiError(503, UNAVAILABLE, str(e)),  # idle models may free the room later
     LoadFailed: lambda e: ApiError(500, SERVER, str(e)),  # the next request retries the load
     UnsupportedCheckpoint: lambda e: not_supported(str(e)),
     ForwardFailed: lambda e: ApiError(500, SERVER, str(e) or "The forward pass failed"),

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import falcon
 
+from compat import stages
 from compat.errors import UNAVAILABLE, TransportError
 from compat.middleware import PUBLIC_PATHS, normalize_prefix, strip_prefix
 
@@ -71,6 +72,7 @@ class LifecycleMiddleware:
         self._prefix = normalize_prefix(settings.api_prefix)
 
     def process_request(self, req: falcon.Request, resp: falcon.Response) -> None:
+        stages.begin(req, req.env.get(ARRIVED_KEY))
         lifecycle = self._lifecycle
         lifecycle.entered()
         req.context.counted = True

@@ -9,6 +9,7 @@ from urllib.parse import urlsplit
 
 import falcon
 
+from compat import stages
 from compat.errors import AUTHENTICATION, INVALID_REQUEST, UNAVAILABLE, TransportError, not_found
 
 if TYPE_CHECKING:
@@ -143,6 +144,7 @@ class TimingMiddleware:
     def process_response(self, req: falcon.Request, resp: falcon.Response, resource: Any,
                          req_succeeded: bool) -> None:
         timings = req.context.get("timings")
+        stages.finish(req, resp, timings)
         if timings is None:
             return
         total_s = time.perf_counter() - req.context.started

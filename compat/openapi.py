@@ -34,6 +34,8 @@ from compat.openapi_serving import token as _token
 from compat.openapi_ollama import ollama_operations, ollama_schemas
 from compat.openapi_others import other_servers_operations, other_servers_schemas
 from compat.openapi_tei import tei_answers, tei_operations, tei_schemas
+from compat.openapi_classify import classify_operations, classify_schemas
+from compat.openapi_fields import LATE_CHUNKING, TRUNCATION_DIRECTION
 from compat.wire.inputs import MAX_JSON_DEPTH
 from engine.types import Pooling
 
@@ -43,6 +45,7 @@ if TYPE_CHECKING:
 
 JSON = "application/json"
 Schema = dict[str, Any]
+
 
 
 def _ref(name: str) -> Schema:
@@ -146,6 +149,7 @@ def _embeddings_request(settings: Settings, serving: Serving, models: list[Serve
                                                           "`instruction_template`); null when it has none"},
             "dimensions": {**dimensions, "description": "keep the first N components (Matryoshka), 1 to the "
                                                         "model's width; a multi-vector model refuses it"},
+            "late_chunking": LATE_CHUNKING, "truncation_direction": TRUNCATION_DIRECTION,
         }}
 
 
@@ -218,7 +222,7 @@ def _schemas(settings: Settings, serving: Serving) -> dict[str, Schema]:
                     "properties": {"id": _STRING, "object": {"const": "model"}, "aliases": {"type": "array"},
                                    "tags": {"type": "array"}, "created": _INT, "owned_by": _STRING,
                                    "meta": {"type": "object"}, "status": {"type": "object"}, "kind": _STRING,
-                                   "stats": {"type": "object"}}}
+                                   "memory_bytes": _INT, "stats": {"type": "object"}}}
     maxsim_request = _rerank_request(settings, serving, multi_vector, maxsim=True)
     if serving.router and embedders and not (embedders[0].info is None or embedders[0].info.multi_vector):
         maxsim_request["required"] = ["query", "model"]  # the default embedding model is not multi-vector
@@ -267,6 +271,7 @@ def _schemas(settings: Settings, serving: Serving) -> dict[str, Schema]:
             "properties": {"id": _STRING, "results": {"type": "array", "items": rerank_result},
                            "meta": {"type": "object"}, "model": _STRING, "usage": usage}},
         **other_servers_schemas(settings, serving),
+        **classify_schemas(settings, serving),
         "TokenizeRequest": {
             "type": "object",
             # token ids come back as they were sent; only their pieces need them in the vocabulary
@@ -384,6 +389,7 @@ def _operations(settings: Settings, serving: Serving) -> dict[str, dict[str, Sch
         "/v2/rerank": {"post": {"summary": "rerank documents (Cohere v2)", "requestBody": _body("RerankRequest"),
                                 "responses": _served(_ok(_ref("CohereV2Rerank")), no_rerank)}},
         **other_servers_operations(settings, serving),  # Cohere embed, vLLM score
+        **classify_operations(settings, serving),  # TEI's /predict, vLLM's /classify
         "/tokenize": {"post": {"summary": "text to token ids (TEI's token objects when the body has `inputs`)",
                                "requestBody": {"required": True, "content": {JSON: {"schema": {"anyOf": [
                                    _ref("TokenizeRequest"), _ref("TeiTokenizeRequest")]}}}},

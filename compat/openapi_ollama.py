@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any
 from compat.catalog import EMBEDDING
 from compat.openapi_serving import Refusal, Serving, names, refusals
 
+from compat.openapi_fields import LATE_CHUNKING, TRUNCATION_DIRECTION
+
 if TYPE_CHECKING:
     from compat.settings import Settings
 
@@ -60,7 +62,8 @@ def ollama_schemas(settings: Settings, serving: Serving) -> dict[str, Schema]:
                          "description": "false: an input over the model's limit is a 400"},
             "dimensions": {"type": ["integer", "null"],
                            "description": "keep the first N components, then L2-normalize"},
-            "keep_alive": _KEEP_ALIVE, "options": _OPTIONS}},
+            "keep_alive": _KEEP_ALIVE, "options": _OPTIONS,
+            "late_chunking": LATE_CHUNKING, "truncation_direction": TRUNCATION_DIRECTION}},
         "OllamaEmbed": {"type": "object", "required": ["model", "embeddings"], "properties": {
             "model": _STRING, "embeddings": {"type": "array", "items": _VECTOR}, "total_duration": _INT,
             "load_duration": _INT, "prompt_eval_count": _INT}},

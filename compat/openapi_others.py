@@ -9,6 +9,8 @@ from compat.catalog import EMBEDDING, RERANK
 from compat.openapi_serving import Refusal, Serving, known, model_field, names, refusals
 from engine.types import Pooling
 
+from compat.openapi_fields import LATE_CHUNKING
+
 if TYPE_CHECKING:
     from compat.settings import Settings
 
@@ -66,6 +68,7 @@ def _cohere_schemas(serving: Serving, batch: int) -> dict[str, Schema]:
                                                                         "its start, NONE refuses it (any case)"}),
                 "images": {"type": "null", "description": "refused (400) unless null"},
                 "inputs": {"type": "null", "description": "refused (400) unless null"},
+                "late_chunking": LATE_CHUNKING,
             }},
         "CohereEmbedV1": {
             "type": "object", "required": ["id", "texts", "embeddings", "meta", "response_type"],
@@ -100,6 +103,8 @@ def _score_schemas(serving: Serving, batch: int) -> dict[str, Schema]:
                            "model": model_field(serving, names(rerankers), "a reranker"),
                            "use_activation": _nullable({"type": "boolean", "description": "unset or true: sigmoid "
                                                         "of a cross-encoder's logit; false: the raw logit"}),
+                           "activation": _nullable({"type": "boolean", "description": "vLLM's older spelling "
+                                                    "of use_activation"}),
                            "truncate_prompt_tokens": _nullable({"const": -1})}},
         "Score": {
             "type": "object", "required": ["id", "object", "created", "model", "data", "usage"],

@@ -9,6 +9,8 @@ from compat.catalog import EMBEDDING, RERANK
 from compat.openapi_serving import Refusal, Serving, known, model_field, names, refusals, token
 from engine.types import ModelInfo, Pooling
 
+from compat.openapi_fields import LATE_CHUNKING, TRUNCATION_DIRECTION
+
 if TYPE_CHECKING:
     from compat.settings import Settings
 
@@ -20,8 +22,7 @@ _INT = {"type": "integer"}
 _BOOL = {"type": "boolean"}
 _NUMBER_OR_NULL = {"type": ["number", "null"]}
 _OPTIONAL_BOOL = {"type": ["boolean", "null"]}
-_DIRECTION = {"anyOf": [{"enum": ["Right", "right", "Left", "left"]}, {"type": "null"}],
-              "description": "which end an input over the limit loses when truncated: Right (the default) or Left"}
+_DIRECTION = TRUNCATION_DIRECTION
 
 
 def _ref(name: str) -> Schema:
@@ -71,8 +72,17 @@ def tei_schemas(settings: Settings, serving: Serving) -> dict[str, Schema]:
                       "contains": {"minItems": 1}}]}
     return {
         "TeiEmbedRequest": {"type": "object", "required": ["inputs"], "properties": {
-            **common, "normalize": _OPTIONAL_BOOL, "dimensions": dimensions}},
-        "TeiEmbedAllRequest": {"type": "object", "required": ["inputs"], "properties": common},
+            **common, "normalize": _OPTIONAL_BOOL, "dimensions": dimensions, "late_chunking": LATE_CHUNKING}},
+        "TeiEmbedAllRequest": {"type": "object", "required": ["inputs"], "properties": {
+            **common, "late_chunking": {"enum": [False, None], "description": "true is refused (422): /embed_all "
+                                                                               "answers the unpooled rows"}}},
+        "TeiEmbedSparseRequest": {"type": "object", "required": ["inputs"], "properties": {
+            **common, "model": model_field(serving, names(embedders), "a sparse (SPLADE) embedding model"),
+            "max_active_dims": {"type": ["integer", "null"], "minimum": 1,
+                                "description": "ours: keep each vector's largest entries (null: the "
+                                               "checkpoint's max_active_dims, else all)"}}},
+        "TeiSparseEmbeddings": {"type": "array", "items": {"type": "array", "items": {
+            "type": "object", "required": ["index", "value"], "properties": {"index": _INT, "value": {"type": "number"}}}}},
         "TeiSimilarityRequest": {"type": "object", "required": ["inputs"], "properties": {
             "inputs": similarity_inputs, "parameters": parameters, "model": common["model"]}},
         "TeiEmbeddings": {"type": "array", "items": vector},
@@ -133,7 +143,7 @@ def tei_answers(schema: Schema, *, llama_errors: bool = False) -> Schema:
                 ("429", "Overloaded: the queue is full"))}}
 
 
-def _not_served(refusal: Refusal) -> Schema:
+def not_served(refusal: Refusal) -> Schema:
     """The one answer of a TEI route this configuration never serves, in TEI's body: llama's 501 is TEI's
     Backend error (424), a 4xx its Validation (422), as compat/wire/tei.py's tei_error maps them."""
     status, why = refusal
@@ -154,15 +164,29 @@ def tei_operations(settings: Settings, serving: Serving) -> dict[str, dict[str, 
     if no_similarity is None and infos and len(infos) == len(embedders) and all(
             info.pooling is Pooling.NONE or info.multi_vector for info in infos):
         no_similarity = (501, "/similarity needs one vector per sentence: this model gives one per token")
-    # POST / is /similarity when `inputs` is an object: only /embed's body where that cannot be served
-    root_body = (_ref("TeiEmbedRequest") if no_similarity is not None and no_embeddings is None else
-                 {"anyOf": [_ref("TeiEmbedRequest"), _ref("TeiSimilarityRequest")]})
+    no_sparse = no_embeddings
+    if no_sparse is None and infos and len(infos) == len(embedders) and not any(info.is_sparse for info in infos):
+        no_sparse = (501, "/embed_sparse needs a sparse (SPLADE) embedding model")
+    # POST / is /similarity when `inputs` is an object: only /embed's body where that cannot be served; it is
+    # /embed_sparse on a sparse model and /predict on a classifier (TEI routes by the model's type)
+    bodies, answered = [_ref("TeiEmbedRequest")], [_ref("TeiEmbeddings")]
+    if no_similarity is None or no_embeddings is not None:
+        bodies.append(_ref("TeiSimilarityRequest"))
+        answered.append(_ref("TeiSimilarity"))
+    if no_sparse is None:
+        bodies.append(_ref("TeiEmbedSparseRequest"))
+        answered.append(_ref("TeiSparseEmbeddings"))
+    every = known(list(serving.models))
+    if len(every) < len(serving.models) or any(info.is_classifier for info in every):
+        bodies.append(_ref("TeiPredictRequest"))
+        answered.append(_ref("TeiPredictions"))
+    root_body = bodies[0] if len(bodies) == 1 else {"anyOf": bodies}
     no_root = no_embeddings
     if not serving.router and serving.models[0].kind == RERANK:
         no_root = (501, "this model is a reranker: POST /rerank")
 
     def answers(schema: Schema, refusal: Refusal | None) -> Schema:
-        return tei_answers(schema) if refusal is None else _not_served(refusal)
+        return tei_answers(schema) if refusal is None else not_served(refusal)
 
     return {
         "/embed": {"post": {"summary": "TEI: embeddings as a bare [[float]]",
@@ -171,13 +195,18 @@ def tei_operations(settings: Settings, serving: Serving) -> dict[str, dict[str, 
         "/embed_all": {"post": {"summary": "TEI: each input's per-token rows (a model served with --pooling none)",
                                 "requestBody": _body(_ref("TeiEmbedAllRequest")),
                                 "responses": answers(_ref("TeiTokenEmbeddings"), no_embed_all)}},
+        "/embed_sparse": {"post": {"summary": "TEI: a sparse (SPLADE) encoder's nonzero entries per input, "
+                                              "[{index, value}] by ascending index",
+                                   "requestBody": _body(_ref("TeiEmbedSparseRequest")),
+                                   "responses": answers(_ref("TeiSparseEmbeddings"), no_sparse)}},
         "/similarity": {"post": {"summary": "TEI: the cosine of each sentence with the source sentence",
                                  "requestBody": _body(_ref("TeiSimilarityRequest")),
                                  "responses": answers(_ref("TeiSimilarity"), no_similarity)}},
-        "/": {"post": {"summary": "TEI's root route (huggingface_hub's InferenceClient): /embed, or /similarity when "
-                                  "`inputs` is {source_sentence, sentences}",
+        "/": {"post": {"summary": "TEI's root route (huggingface_hub's InferenceClient): /embed (/embed_sparse for a "
+                                  "sparse model), or /similarity when `inputs` is {source_sentence, sentences}; "
+                                  "/predict on a sequence classifier",
                        "requestBody": _body(root_body),
-                       "responses": answers({"anyOf": [_ref("TeiEmbeddings"), _ref("TeiSimilarity")]}, no_root)}},
+                       "responses": answers(answered[0] if len(answered) == 1 else {"anyOf": answered}, no_root)}},
         "/decode": {"post": {"summary": "TEI: token ids back to text, one string per list",
                              "requestBody": _body(_ref("TeiDecodeRequest")),
                              "responses": tei_answers(_ref("TeiDecoded"))}},

@@ -21,7 +21,7 @@ from compat.catalog import EMBEDDING, RERANK, Catalog, Kind, ModelSpec, read_cat
 from compat.errors import bad_request, not_supported
 from compat.settings import Settings, SettingsError
 from engine import Engine, Residency
-from engine.errors import NotLoaded, ReplyTimeout
+from engine.errors import LoadFailed, NotLoaded, ReplyTimeout
 from engine.types import EmbedResult, ModelState, Pooling, RerankResult, ResidencyStatus, Timings
 
 log = logging.getLogger(__name__)
@@ -236,7 +236,10 @@ class ModelRouter:
         self._residency.configure(spec.options for spec in catalog.models)
         for spec in catalog.models:
             if spec.load_on_startup:
-                self._residency.load(spec.options)
+                try:
+                    self._residency.load(spec.options)
+                except LoadFailed as exc:  # refused by the memory limits: /models shows why, requests retry
+                    log.error("%s: not loaded at startup: %s", spec.id, exc)
 
     # -- reporting --------------------------------------------------------------------------------------------
     def stats(self) -> dict[str, float]:

@@ -42,7 +42,12 @@ def run(settings: Settings, catalog: Catalog | None = None) -> int:
         shutdown = engine.close
     else:
         idle_unload_s = settings.sleep_idle_seconds if settings.sleep_idle_seconds > 0 else None
-        residency = Residency(settings.models_max, idle_unload_s)
+        try:
+            residency = Residency(settings.models_max, idle_unload_s, memory_bytes=settings.models_memory,
+                                  memory_floor=settings.models_memory_floor)
+        except ValueError as exc:  # a floor on a system that does not report its free memory
+            log.error("%s", exc)
+            return 1
         router = ModelRouter(settings, residency, catalog)
         app = create_app(settings, router, lifecycle)
         shutdown = residency.close

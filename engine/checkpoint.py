@@ -12,6 +12,18 @@ from engine.types import Pooling
 
 
 @dataclass(frozen=True)
+class Splade:
+    """sentence-transformers' SpladePooling (a SparseEncoder's 1_SpladePooling/config.json), or TEI's --pooling
+    splade (max, relu): log(1 + relu(logits)) of the masked LM's logits, twice for "log1p_relu", then the max
+    (or the sum) over the input's tokens; max_active_dims (config_sentence_transformers.json): keep only the
+    largest entries of each vector."""
+
+    strategy: str = "max"  # "max" | "sum"
+    activation: str = "relu"  # "relu" | "log1p_relu"
+    max_active_dims: int | None = None
+
+
+@dataclass(frozen=True)
 class Checkpoint:
     path: Path
     config: dict[str, Any]
@@ -30,6 +42,7 @@ class Checkpoint:
     dense_folders: tuple[Path, ...] = ()  # modules.json Dense modules (2_Dense, 3_Dense, ...), in order
     # a yes/no reranker's LogitScore module (Qwen3-VL-Reranker's 1_LogitScore): (true_token_id, false_token_id)
     logit_score: tuple[int, int] | None = None
+    splade: Splade | None = None  # a sparse encoder: its masked-LM head pooled by SPLADE
     label: str = ""  # the path as the user gave it (llama-server reports -m as typed)
     # the file format that read it, and that opens its tokenizer and loads its model: an
     # engine.loading.formats.CheckpointFormat (typed loosely here: the formats live above this record)

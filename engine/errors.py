@@ -26,6 +26,15 @@ class InvalidTokens(InvalidInput):
     """A token id outside [0, n_vocab)."""
 
 
+class SparseOnly(InvalidInput):
+    """A request a sparse (SPLADE) encoder does not answer: a normalized dense vector of it (TEI refuses
+    `normalize` for SPLADE models), or its per-token rows."""
+
+
+class NotSparse(InvalidInput):
+    """Sparse vectors asked of a model that gives dense ones."""
+
+
 class InputTooLong(InvalidInput):
     """An input exceeds the per-input limit and truncation is off.
 
@@ -46,6 +55,15 @@ class NotLoaded(EngineError):
 
 class LoadFailed(EngineError):
     """A model could not be loaded (several-model server); the next request or explicit load retries."""
+
+
+class ModelTooLarge(LoadFailed):
+    """A model alone holds more than the whole memory budget (--models-memory): it is never served."""
+
+
+class NotEnoughMemory(LoadFailed):
+    """Loading a model now would leave less system memory free than the floor (--models-memory-floor), even
+    with every idle model unloaded; a later request may find the room."""
 
 
 class QueueFull(EngineError):

@@ -19,7 +19,7 @@ from engine.compute.normalize import check_dimensions
 from engine.errors import InputTooLong, InvalidInput
 from engine.runtime import loader
 from engine.runtime.engine import Engine
-from engine.types import EngineOptions, ImageInput, ModelInfo, Pooling, RerankItem
+from engine.types import EngineOptions, ImageInput, ModelInfo, Pooling, RerankItem, SparseVector
 
 # Inputs handed to the engine at once: under its queue bound, large enough to sort by length and fill batches.
 SUBMIT_CHUNK = 1024
@@ -97,6 +97,23 @@ class TokenVectors:
 
 
 @dataclass
+class SparseEmbedded:
+    """`Encoder.embed_sparse`'s answer: a SPLADE encoder's vectors as their nonzero entries (`indices` ascending,
+    `values`, over `dimension` = the vocabulary) and each input's token count."""
+
+    vectors: list[SparseVector]
+    n_tokens: list[int]
+
+    def dense(self) -> np.ndarray:
+        """The vectors as a dense float32 [n, dimension] array (what SparseEncoder.encode(...).to_dense() gives)."""
+        width = self.vectors[0].dimension if self.vectors else 0
+        out = np.zeros((len(self.vectors), width), np.float32)
+        for row, vector in zip(out, self.vectors):
+            row[vector.indices] = vector.values
+        return out
+
+
+@dataclass
 class EncodedRows:
     """Per-row results of `Encoder.encode_rows`: a failed row has an error, a zero vector and 0 tokens."""
 
@@ -129,20 +146,22 @@ class Encoder(_Loaded):
 
     def encode(self, texts: str | Sequence[str], *, normalize: bool | int = True, dimensions: int | None = None,
                prompt_name: str | None = None, instruction: str | None = None,
-               batch_size: int | None = None) -> np.ndarray:
+               batch_size: int | None = None, truncation_direction: str = "right") -> np.ndarray:
         """Vectors [n, d] float32 in input order (one text: still [1, d]).
 
         normalize: True = L2, False = raw, or llama's embd_normalize integer (0 max-abs, 1 taxicab, p>2 p-norm).
         dimensions: keep the first N components before normalizing. batch_size: the most texts one forward
-        pass may hold (default: the engine's own limits). Raises InvalidInput (EmptyInput, InputTooLong) like the
+        pass may hold (default: the engine's own limits). truncation_direction: with truncate=True, "left" cuts
+        an over-long text's start instead of its end. Raises InvalidInput (EmptyInput, InputTooLong) like the
         server answers 400.
         """
         return self.embed(texts, normalize=normalize, dimensions=dimensions, prompt_name=prompt_name,
-                          instruction=instruction, batch_size=batch_size).vectors
+                          instruction=instruction, batch_size=batch_size,
+                          truncation_direction=truncation_direction).vectors
 
     def embed(self, texts: str | Sequence[str], *, normalize: bool | int = True, dimensions: int | None = None,
               prompt_name: str | None = None, instruction: str | None = None,
-              batch_size: int | None = None) -> Embedded:
+              batch_size: int | None = None, truncation_direction: str = "right") -> Embedded:
         """`encode` with each input's token count (what the server reports as usage)."""
         if isinstance(texts, str):
             texts = [texts]
@@ -151,11 +170,39 @@ class Encoder(_Loaded):
         if self.info.vision_language:  # the family formats its texts itself (engine/multimodal/inputs.py)
             self._one_vector_per_input()
             vectors, n_tokens = self._embed_prompts([[text] for text in texts], batch_size, prompt_name,
-                                                    instruction, p, dimensions)
+                                                    instruction, p, dimensions, truncation_direction)
         else:
             token_lists = self.engine.tokenizer.encode_prompts(self._prompts(list(texts), prompt_name, instruction))
-            vectors, n_tokens = self._embed(token_lists, batch_size, p, dimensions)
+            vectors, n_tokens = self._embed(token_lists, batch_size, p, dimensions, truncation_direction)
         return Embedded(_stacked(vectors, size), n_tokens)
+
+    def embed_late_chunks(self, chunks: Sequence[str], *, normalize: bool | int = True,
+                          dimensions: int | None = None, prompt_name: str | None = None,
+                          instruction: str | None = None, truncation_direction: str = "right") -> Embedded:
+        """Late chunking: `chunks`, consecutive pieces of one document joined exactly as given, embedded in one
+        pass; one vector per chunk, pooled from the tokens that start inside it (Engine.embed_late_chunks), with
+        each chunk's token count (the first's holds the prompt's and the special tokens)."""
+        for chunk in chunks:
+            if not isinstance(chunk, str):
+                raise InvalidInput(f"chunks must be strings, not {type(chunk).__name__}")
+        size = check_dimensions(dimensions, self.info.n_embd)
+        result = self.engine.embed_late_chunks(list(chunks), prompt_name=prompt_name, instruction=instruction,
+                                               embd_normalize=normalization(normalize), dimensions=dimensions,
+                                               truncation_direction=truncation_direction)
+        return Embedded(_stacked(result.vectors, size), result.n_tokens)
+
+    def embed_sparse(self, texts: str | Sequence[str], *, prompt_name: str | None = None,
+                     max_active_dims: int | None = None, batch_size: int | None = None) -> SparseEmbedded:
+        """A sparse (SPLADE) encoder's vectors, as the server's POST /embed_sparse answers them: per text its
+        nonzero entries over the vocabulary, kept to the `max_active_dims` largest (None: the checkpoint's
+        own max_active_dims, else all), as sentence-transformers' SparseEncoder.encode computes them. A dense
+        model raises InvalidInput (NotSparse); a sparse one refuses `encode` / `embed` with normalization."""
+        if isinstance(texts, str):
+            texts = [texts]
+        prompts = self._prompts(list(texts), prompt_name, None)
+        results = [self.engine.embed_sparse(prompts[part], max_active_dims=max_active_dims)
+                   for part in self._chunks(len(prompts), batch_size)]
+        return SparseEmbedded([v for r in results for v in r.vectors], [n for r in results for n in r.n_tokens])
 
     def embed_images(self, images: Sequence[bytes | str | Path], *, normalize: bool | int = True,
                      dimensions: int | None = None, batch_size: int | None = None, prompt_name: str | None = None,
@@ -197,20 +244,23 @@ class Encoder(_Loaded):
         return [slice(start, start + chunk) for start in range(0, n, chunk)]
 
     def _embed(self, token_lists: list[list[int]], batch_size: int | None, embd_normalize: int,
-               dimensions: int | None) -> tuple[list[np.ndarray], list[int]]:
+               dimensions: int | None, truncation_direction: str = "right") -> tuple[list[np.ndarray], list[int]]:
         """Pooled vectors, finished by the engine (`dimensions`, then `embd_normalize`), and token counts, in order."""
         self._one_vector_per_input()
-        results = [self.engine.embed(token_lists[part], embd_normalize=embd_normalize, dimensions=dimensions)
+        results = [self.engine.embed(token_lists[part], embd_normalize=embd_normalize, dimensions=dimensions,
+                                     truncation_direction=truncation_direction)
                    for part in self._chunks(len(token_lists), batch_size)]
         return [v for r in results for v in r.vectors], [n for r in results for n in r.n_tokens]
 
     def _embed_prompts(self, prompts: list[list[str] | ImageInput], batch_size: int | None,
                        prompt_name: str | None = None, instruction: str | None = None, embd_normalize: int = -1,
-                       dimensions: int | None = None) -> tuple[list[np.ndarray], list[int]]:
+                       dimensions: int | None = None,
+                       truncation_direction: str = "right") -> tuple[list[np.ndarray], list[int]]:
         """Vectors finished by the engine (a multi-vector model's rows as it gives them) and token counts of text
         prompts and images, through engine.embed_prompts."""
         results = [self.engine.embed_prompts(prompts[part], prompt_name=prompt_name, instruction=instruction,
-                                             embd_normalize=embd_normalize, dimensions=dimensions)
+                                             embd_normalize=embd_normalize, dimensions=dimensions,
+                                             truncation_direction=truncation_direction)
                    for part in self._chunks(len(prompts), batch_size)]
         return [v for r in results for v in r.vectors], [n for r in results for n in r.n_tokens]
 
@@ -341,6 +391,34 @@ class Reranker(_Loaded):
         out = dict(batch)
         out["score"] = self.predict(list(zip(batch["query"], batch["document"])))
         return out
+
+
+class Classifier(_Loaded):
+    """A sequence classifier (a *ForSequenceClassification head with several labels; a one-label cross-encoder
+    too): label scores as the server's /predict and /classify give them."""
+
+    def __init__(self, ref: str | Path, **options: Any):
+        super().__init__(model_options(ref, **options))
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        return self.info.labels or ("LABEL_0",)
+
+    def classify(self, inputs: str | tuple[str, str] | Sequence[str | tuple[str, str]], *,
+                 raw_scores: bool = False) -> np.ndarray:
+        """float64 [n, labels] in label order (`labels`): probabilities (softmax, or each label's sigmoid for a
+        multi-label head), or the logits with raw_scores. An input is a text or a (text, text_pair) pair."""
+        items = [inputs] if isinstance(inputs, (str, tuple)) else list(inputs)
+        if not items or not all(isinstance(item, str) or (isinstance(item, tuple) and len(item) == 2 and
+                                                           all(isinstance(t, str) for t in item)) for item in items):
+            raise InvalidInput("inputs must be texts or (text, text_pair) pairs, at least one")
+        result = self.engine.classify(items, raw_scores=raw_scores)
+        return np.asarray(result.scores, dtype=np.float64)
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Ray Data: `batch["text"]` -> the batch with a `label` column (the best label) and a `scores` column."""
+        scores = self.classify([str(t) for t in batch["text"]])
+        return {**batch, "label": np.asarray([self.labels[i] for i in scores.argmax(axis=1)]), "scores": scores}
 
 
 def _stacked(vectors: Sequence[np.ndarray], width: int) -> np.ndarray:

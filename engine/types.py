@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import NamedTuple, Union
+from typing import Any, NamedTuple, Union
 
 
 class TokenSpan(NamedTuple):
@@ -17,7 +17,7 @@ class TokenSpan(NamedTuple):
 
 
 class Pooling(str, enum.Enum):
-    """How per-token hidden states become one vector (llama-server's --pooling, plus max)."""
+    """How per-token hidden states become one vector (llama-server's --pooling, plus max and TEI's splade)."""
 
     NONE = "none"
     MEAN = "mean"
@@ -25,6 +25,7 @@ class Pooling(str, enum.Enum):
     LAST = "last"
     MAX = "max"
     RANK = "rank"
+    SPLADE = "splade"  # a masked LM's logits -> log(1 + relu), max (or sum) over tokens: one sparse vector
 
 
 class VocabType(enum.IntEnum):
@@ -89,7 +90,7 @@ class ModelInfo:
     n_slots: int  # llama's total_slots
     bos_token: str = ""
     eos_token: str = ""
-    kind: str = "embedder"  # "embedder" | "cross-encoder" | "generative-reranker"
+    kind: str = "embedder"  # "embedder" | "cross-encoder" | "generative-reranker" | "classifier"
     batch_tokens: int = 0  # fitted at load: rows x padded width of one forward pass
     batch_rows: int = 0  # fitted at load: the most rows of one forward pass
     widths: tuple[int, ...] = ()  # the row widths warmed at load (passes run at any width up to max_seq)
@@ -114,10 +115,30 @@ class ModelInfo:
     weights: str = ""
     resident_bytes: int = 0
     kernels: str = ""  # the kernel set chosen from the device at load: "cpu-arithmetic" or "fused"
+    # a sparse (SPLADE) encoder: the most nonzero entries a vector keeps (its config's max_active_dims); None: all
+    max_active_dims: int | None = None
+    # sequence classifiers and cross-encoders: the head's labels (config.json id2label, in id order), and whether
+    # they are scored independently (problem_type multi_label_classification: sigmoid) rather than by softmax
+    labels: tuple[str, ...] = ()
+    multi_label: bool = False
 
     @property
     def is_reranker(self) -> bool:
-        return self.kind != "embedder"
+        return self.kind in ("cross-encoder", "generative-reranker")
+
+    @property
+    def is_classifier(self) -> bool:
+        """A sequence classifier with several labels (TEI's classifier; /predict and /classify serve it)."""
+        return self.kind == "classifier"
+
+    @property
+    def is_embedder(self) -> bool:
+        return self.kind == "embedder"
+
+    @property
+    def is_sparse(self) -> bool:
+        """A SPLADE encoder: one vector over the vocabulary (n_embd = n_vocab), mostly zeros."""
+        return self.pooling is Pooling.SPLADE
 
     @property
     def takes_images(self) -> bool:
@@ -172,11 +193,41 @@ class EmbedResult:
     timings: Timings = field(default_factory=Timings)
 
 
+@dataclass(frozen=True)
+class SparseVector:
+    """A sparse vector's nonzero entries, indices ascending (vocabulary ids for a SPLADE encoder): int64 and
+    float32 numpy arrays of the same length."""
+
+    indices: Any
+    values: Any
+    dimension: int  # the full width (the vocabulary size)
+
+
+@dataclass
+class SparseResult:
+    """Sparse embeddings for one request, in input order (Engine.embed_sparse)."""
+
+    vectors: list[SparseVector]
+    n_tokens: list[int]
+    timings: Timings = field(default_factory=Timings)
+
+
 @dataclass
 class RerankResult:
     """One relevance score per document, in document order (not sorted)."""
 
     scores: list[float]
+    n_tokens: list[int]
+    timings: Timings = field(default_factory=Timings)
+
+
+@dataclass
+class ClassifyResult:
+    """Per input, one score per label in the head's label order (ModelInfo.labels): probabilities (softmax over
+    the labels, or each label's sigmoid for a multi-label head or a one-label cross-encoder) or raw logits."""
+
+    scores: list[list[float]]
+    labels: tuple[str, ...]
     n_tokens: list[int]
     timings: Timings = field(default_factory=Timings)
 
@@ -205,4 +256,8 @@ class ResidencyStatus:
 
     @property
     def loaded_bytes(self) -> int:
-        return self.info.size_bytes if self.info is not None else 0
+        """What the model holds in memory while loaded: its weights as loaded (ModelInfo.resident_bytes, measured at
+        load), not its file size; 0 while not loaded."""
+        if self.info is None:
+            return 0
+        return self.info.resident_bytes or self.info.size_bytes

@@ -46,6 +46,6 @@ class CohereEmbedResource:
             check_client_batch(len(request.texts), served.settings.max_client_batch_size, "texts")
             result = embed_request_prompts(served, [[text] for text in request.texts], request.truncate,
                                            request.prompt_name, None, 2, request.dimensions,
-                                           request.truncation_direction)
+                                           request.truncation_direction, request.late_chunking)
             served.record(result)
         resp.media = render_cohere_embed_response(request, result, response_id=str(uuid.uuid4()))

@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import falcon
 
+from compat import stages
 from compat.catalog import EMBEDDING
 from compat.errors import bad_request
 from compat.media import with_images
 from compat.resources.leasing import check_count, model_request
 from compat.routing import Models, Served
 from compat.wire.embeddings import parse_embeddings_request, render_embeddings_response
-from compat.wire.inputs import Prompt, count_prompts, has_media
+from compat.wire.inputs import Prompt, chunk_texts, count_prompts, has_media
 from engine.types import EmbedResult, ImageInput, Pooling
 
 POOLING_NONE_OAI = "Pooling type 'none' is not OAI compatible. Please use a different pooling type"
@@ -28,25 +29,36 @@ class EmbeddingsResource:
             if self._oai and info.pooling is Pooling.NONE and not info.multi_vector:
                 raise bad_request(POOLING_NONE_OAI)
             raw = body()
+            stages.stamp(req, "parsed")
             check_count(served, count_prompts(raw["input"] if "input" in raw else raw.get("content")), "inputs")
             request = parse_embeddings_request(raw, oai_route=self._oai,
                                                default_normalize=served.settings.embd_normalize,
                                                width=info.n_embd, takes_images=info.takes_images,
                                                multi_vector=info.multi_vector)
+            stages.stamp(req, "engine_in")
             result = embed_request_prompts(served, request.prompts, request.truncate, request.prompt_name,
-                                           request.instruction, request.embd_normalize, request.dimensions)
+                                           request.instruction, request.embd_normalize, request.dimensions,
+                                           request.truncation_direction, request.late_chunking)
+            stages.stamp(req, "engine_out")
             served.record(result)
         resp.media = render_embeddings_response(request, result, served.name)
+        stages.stamp(req, "rendered")
 
 
 def embed_request_prompts(served: Served, prompts: list[Prompt], truncate: bool | None, prompt_name: str | None,
                           instruction: str | None, embd_normalize: int, dimensions: int | None,
-                          truncation_direction: str = "right") -> EmbedResult:
+                          truncation_direction: str = "right", late_chunking: bool = False) -> EmbedResult:
     """A request's prompts through the engine: images fetched here (the engine decodes them, and tokenizes the
     texts, off its thread); prompt_name / instruction applied as the model's family does; the vectors come back
     finished by the engine (dimensions, then embd_normalize); truncation_direction "left": cut inputs lose
-    their start (TEI's Left)."""
+    their start (TEI's Left). late_chunking: the prompts are texts, consecutive chunks of one document, one vector
+    each (Engine.embed_late_chunks)."""
     engine = served.engine
+    if late_chunking:
+        return engine.embed_late_chunks(chunk_texts(prompts), truncate=truncate, timeout_s=served.remaining_s,
+                                        prompt_name=prompt_name, instruction=instruction,
+                                        embd_normalize=embd_normalize, dimensions=dimensions,
+                                        truncation_direction=truncation_direction)
     engine.check_count(len(prompts))  # before any image is fetched
     labels = [f"input {i}" for i in range(len(prompts))]
     if engine.info.vision_language:  # the family formats texts and images alike

@@ -1,18 +1,18 @@
 """Text Embeddings Inference's native routes: POST /embed, /embed_all, /similarity, POST / and GET /info
+(/predict: compat/resources/classify.py)
 (compat/wire/tei.py has the bodies). Every one leases the engine as the llama routes do (same batching, limits,
 /metrics); its errors leave in TEI's body and statuses."""
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-
 import falcon
 
 from compat.catalog import EMBEDDING
-from compat.errors import ApiError, check_client_batch, not_supported
+from compat.errors import check_client_batch, not_supported
 from compat.listener import http_threads
+from compat.resources.classify import tei_predict
 from compat.resources.embeddings import embed_request_prompts
 from compat.resources.leasing import model_request
+from compat.resources.sparse import TeiSparseResource, embed_sparse
 from compat.routing import EMBEDDINGS_DISABLED, Models, Served
 from compat.wire.tei import (
     TeiError,
@@ -27,21 +27,11 @@ from compat.wire.tei import (
     render_info_response,
     render_similarity_response,
     render_tokenize_response,
-    tei_error,
+    tei_errors,
 )
-from engine.errors import EngineError
 
-RERANKER_ROOT = ("this model is a reranker: POST /rerank with {\"query\", \"texts\"}; /predict (sequence "
-                 "classification) is not served by this model")
-
-
-@contextmanager
-def tei_errors() -> Iterator[None]:
-    """Any error of the block, ours or the engine's, answered in TEI's body."""
-    try:
-        yield
-    except (ApiError, EngineError) as exc:
-        raise tei_error(exc) from None
+RERANKER_ROOT = ("this model is a reranker: POST /rerank with {\"query\", \"texts\"}, or /predict with "
+                 "{\"inputs\": [query, text]} for one pair's score")
 
 
 def _check_batch(served: Served, n_inputs: int) -> None:
@@ -56,7 +46,7 @@ def _embed(served: Served, body: dict, *, per_token: bool) -> list:
     _check_batch(served, len(request.prompts))
     result = embed_request_prompts(served, request.prompts, request.truncate, request.prompt_name, None,
                                    request.embd_normalize, request.dimensions,
-                                   "left" if request.truncate_left else "right")
+                                   "left" if request.truncate_left else "right", request.late_chunking)
     served.record(result)
     return render_embed_response(result)
 
@@ -96,21 +86,29 @@ class TeiSimilarityResource:
 
 
 class TeiRootResource:
-    """POST /: TEI routes by the model's type; an embedder answers `inputs` as /embed, or as /similarity when
-    `inputs` is {source_sentence, sentences} (huggingface_hub's InferenceClient posts both here)."""
+    """POST /: TEI routes by the model's type; an embedder answers `inputs` as /embed (a sparse one as
+    /embed_sparse), or as /similarity when `inputs` is {source_sentence, sentences} (huggingface_hub's
+    InferenceClient posts both here)."""
 
     def __init__(self, models: Models):
         self._models = models
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         with tei_errors(), model_request(req, self._models, None) as (served, body):
+            if served.engine.info.is_classifier:  # TEI routes a classifier's POST / to /predict
+                resp.media = tei_predict(served, body())
+                return
             if served.engine.info.is_reranker:
                 raise TeiError("Backend", RERANKER_ROOT)
             if not served.settings.embedding:  # as /embed: embeddings need --embedding
                 raise not_supported(EMBEDDINGS_DISABLED)
             request = body()
-            answer = _similarity(served, request) if is_similarity(request) else _embed(served, request,
-                                                                                        per_token=False)
+            if is_similarity(request):
+                answer = _similarity(served, request)
+            elif served.engine.info.is_sparse:  # TEI routes a splade model's POST / to /embed_sparse
+                answer = embed_sparse(served, request)
+            else:
+                answer = _embed(served, request, per_token=False)
         resp.media = answer
 
 
@@ -166,5 +164,6 @@ def tei_routes(models: Models, version: str) -> dict[str, object]:
     """TEI's native routes for the app's route table (its /rerank is the llama route's `texts` shape)."""
     return {"/": TeiRootResource(models), "/embed": TeiEmbedResource(models),
             "/embed_all": TeiEmbedResource(models, per_token=True), "/similarity": TeiSimilarityResource(models),
+            "/embed_sparse": TeiSparseResource(models),
             "/decode": TeiDecodeResource(models),
             "/info": TeiInfoResource(models, version)}

@@ -136,6 +136,32 @@ def _stoul32(text: str) -> int:
     return value % 2**32
 
 
+class Bytes:
+    """Field metadata (`Annotated[int, BYTES]`): the option's text is an amount of memory, plain bytes or a number
+    with a unit: K, M, G, T (and KiB, MiB, GiB, TiB) are powers of 1024, KB, MB, GB, TB powers of 1000; case and
+    a space before the unit do not matter, and a fraction is allowed with a unit (1.5GiB)."""
+
+
+BYTES = Bytes()
+
+_UNITS = {"": 1, "b": 1, **{f"{p}{s}": 1024 ** (i + 1) for i, p in enumerate("kmgt") for s in ("", "ib")},
+          **{f"{p}b": 1000 ** (i + 1) for i, p in enumerate("kmgt")}}
+_AMOUNT = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]*)\s*", re.IGNORECASE)
+
+
+def parse_bytes(text: str) -> int:
+    """An amount of memory (Bytes) in bytes, rounded down."""
+    match = _AMOUNT.fullmatch(text)
+    unit = match.group(2).lower() if match else None
+    if match is None or unit not in _UNITS or ("." in match.group(1) and _UNITS[unit] == 1):
+        raise ValueError(f"invalid amount of memory {text!r} (bytes, or a number with K, M, G, T, KiB, MiB, GiB, "
+                         "TiB, KB, MB, GB or TB)")
+    number = match.group(1)
+    whole, _, fraction = number.partition(".")
+    scale = _UNITS[unit]
+    return int(whole or 0) * scale + (int(fraction) * scale // 10 ** len(fraction) if fraction else 0)
+
+
 def _pooling(text: str) -> Pooling:
     try:
         return Pooling(text)
@@ -147,6 +173,8 @@ def _pooling(text: str) -> Pooling:
 def _converter(annotation: Any, metadata: Sequence[Any] = ()) -> Callable[[str], Any]:
     if any(isinstance(item, Stoul32) for item in metadata):
         return _stoul32
+    if any(isinstance(item, Bytes) for item in metadata):
+        return parse_bytes
     types = set(get_args(annotation)) or {annotation}
     if int in types:
         return _stoi

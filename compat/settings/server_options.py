@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 from pydantic import PrivateAttr, ValidationInfo, field_validator
 from pydantic_settings import SettingsConfigDict
 
-from compat.settings.declaration import STOUL32, ExplicitSettings, Option, declared_options, option
+from compat.settings.declaration import BYTES, STOUL32, ExplicitSettings, Option, declared_options, option
 from engine.types import DEFAULT_MODEL_NAME, EngineOptions, Pooling
 
 GROUPS = ("server", "model", "embeddings", "batching", "models", "http", "logging", "ignored-for-compatibility")
@@ -79,8 +79,10 @@ class Settings(ExplicitSettings):
                              env="LLAMA_ARG_EMBEDDINGS", group="embeddings", per_model=True,
                              help="serve the embedding routes (one model: without it they answer 501, as in llama-server)")
     pooling: Pooling | None = option(
-        None, flags=["--pooling"], env="LLAMA_ARG_POOLING", metavar="{none,mean,cls,last,rank,max}",
-        group="embeddings", per_model=True, help="pooling type; unset = the model's own (max is our extension)")
+        None, flags=["--pooling"], env="LLAMA_ARG_POOLING", metavar="{none,mean,cls,last,rank,max,splade}",
+        group="embeddings", per_model=True,
+        help="pooling type; unset = the model's own (max and splade are our extensions: splade serves a "
+             "BertForMaskedLM / DistilBertForMaskedLM as a sparse encoder on /embed_sparse, as TEI's --pooling splade)")
     embd_normalize: int = option(
         2, flags=["--embd-normalize"], metavar="N", group="embeddings", per_model=True,
         help="default normalization of pooled vectors on every embedding route (a request's embd_normalize "
@@ -196,6 +198,17 @@ class Settings(ExplicitSettings):
     models_max: int = option(
         4, flags=["--models-max"], env="LLAMA_ARG_MODELS_MAX", metavar="N", group="models",
         help="most models loaded at once; the least recently used idle one is unloaded first; 0 = no limit")
+    models_memory: Annotated[int, BYTES] = option(
+        0, flags=["--models-memory"], env="LLAMA_ARG_MODELS_MEMORY", metavar="BYTES", group="models",
+        help="most memory the loaded models may hold together, each counted at its resident size measured at load "
+             "(before its first load, its weight files' size): the least recently used idle one is unloaded first, "
+             "and a model that alone holds more is refused; bytes or with a unit (4G, 512M, 1.5GiB: powers of 1024; "
+             "4GB: of 1000); 0 = no limit")
+    models_memory_floor: Annotated[int, BYTES] = option(
+        0, flags=["--models-memory-floor"], env="LLAMA_ARG_MODELS_MEMORY_FLOOR", metavar="BYTES", group="models",
+        help="system memory to keep free (Linux MemAvailable) when a model loads: idle models are unloaded to make "
+             "room, and a load that would leave less even so is refused (503); same units as --models-memory; "
+             "0 = none")
     sleep_idle_seconds: int = option(
         -1, flags=["--sleep-idle-seconds"], metavar="N", group="models",
         help="unload a model nobody has used for N seconds (several-model server); -1 = never")

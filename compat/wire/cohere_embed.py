@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from compat.errors import ApiError
-from compat.wire.inputs import whole
+from compat.wire.inputs import BAD_LATE_CHUNKING, whole
 from engine import QUANTIZED_TYPES, quantize
 from engine.types import EmbedResult
 
@@ -72,6 +72,7 @@ class CohereEmbedRequest:
     dimensions: int | None
     truncate: bool  # END and START: True, NONE: False
     truncation_direction: str = "right"  # START: "left" (a cut keeps the text's end)
+    late_chunking: bool = False  # our extension, as on every embedding route: the texts are chunks of one document
 
 
 def prompt_for_input_type(input_type: str | None, prompt_names: list[str]) -> str | None:
@@ -113,10 +114,14 @@ def parse_cohere_embed_request(body: dict[str, Any], *, version: int, width: int
         truncate = "END"
     if not isinstance(truncate, str) or truncate.upper() not in TRUNCATE:
         raise _bad(BAD_TRUNCATE)
+    late_chunking = body.get("late_chunking")
+    if late_chunking is not None and not isinstance(late_chunking, bool):
+        raise _bad(BAD_LATE_CHUNKING)
     return CohereEmbedRequest(texts=texts, version=version, embedding_types=types,
                               prompt_name=prompt_for_input_type(input_type, prompt_names),
                               dimensions=dimensions, truncate=truncate.upper() != "NONE",
-                              truncation_direction="left" if truncate.upper() == "START" else "right")
+                              truncation_direction="left" if truncate.upper() == "START" else "right",
+                              late_chunking=bool(late_chunking))
 
 
 def _by_type(vectors: np.ndarray, kind: str) -> Any:

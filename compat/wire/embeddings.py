@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from compat.errors import bad_request
-from compat.wire.inputs import Prompt, parse_input_prompts, whole
+from compat.wire.inputs import Prompt, parse_input_prompts, parse_late_chunking, parse_truncation_direction, whole
 from engine import QUANTIZED_TYPES, check_dimensions, quantize
 from engine.types import EmbedResult
 
@@ -44,6 +44,8 @@ class EmbeddingsRequest:
     prompt_name: str | None = None  # a prompt of the model's config_sentence_transformers.json
     instruction: str | None = None  # fills the family's instruction template
     dimensions: int | None = None  # keep the first N components (Matryoshka), before normalizing
+    late_chunking: bool = False  # the inputs are consecutive chunks of one document (Jina's late chunking)
+    truncation_direction: str = "right"  # TEI's: "left" keeps an over-long input's end
 
 
 def parse_embeddings_request(body: dict[str, Any], *, oai_route: bool, default_normalize: int,
@@ -85,7 +87,9 @@ def parse_embeddings_request(body: dict[str, Any], *, oai_route: bool, default_n
     return EmbeddingsRequest(prompts=prompts, oai=oai, encoding_format=encoding_format,
                              embd_normalize=embd_normalize, truncate=truncate,
                              model=model if isinstance(model, str) else None,
-                             prompt_name=prompt_name, instruction=instruction, dimensions=dimensions)
+                             prompt_name=prompt_name, instruction=instruction, dimensions=dimensions,
+                             late_chunking=parse_late_chunking(body),
+                             truncation_direction=parse_truncation_direction(body))
 
 
 def _rows(vector: np.ndarray) -> np.ndarray:

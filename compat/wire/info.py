@@ -76,6 +76,8 @@ def render_models_response(settings: Settings, info: ModelInfo, created: int) ->
     name = settings.model_name
     # the engine refuses to load an embedder in rank mode and a reranker outside it, so this names the model
     capabilities = ["rerank"] if settings.pooling is Pooling.RANK else ["embedding"]
+    if info.is_classifier:  # loaded in either mode: its label scores (/predict, /classify)
+        capabilities = ["classify"]
     return {
         "models": [{
             "name": name, "model": name, "modified_at": "", "size": "", "digest": "", "type": "model",
@@ -112,8 +114,13 @@ def request_capabilities(info: ModelInfo, *, prompt_texts: bool) -> dict[str, An
     name -> text), the default one, the instruction template, whether texts go through its chat template, the
     `dimensions` range (Matryoshka; null for a multi-vector model, which refuses it), what an input may be
     (input_modalities: "text", "image") and whether the model answers one vector per token (multi_vector: a
-    late-interaction model, which /maxsim scores). A reranker has only input_modalities: what its query and
-    documents may be."""
+    late-interaction model, which /maxsim scores); a sparse (SPLADE) encoder adds sparse: true and its
+    max_active_dims. A reranker has only input_modalities: what its query and documents may be; a sequence
+    classifier adds its labels and whether they are scored independently (multi_label: each label's sigmoid)
+    rather than by softmax."""
+    if info.is_classifier:  # its labels, and how they are scored (docs/routes.md, "Sequence classification")
+        return {"input_modalities": list(info.modalities), "labels": list(info.labels),
+                "multi_label": info.multi_label}
     if info.is_reranker:
         return {"input_modalities": list(info.modalities)}
     return {"prompts": dict(info.prompts) if prompt_texts else [name for name, _ in info.prompts],
@@ -122,7 +129,9 @@ def request_capabilities(info: ModelInfo, *, prompt_texts: bool) -> dict[str, An
             "chat_template_inputs": info.chat_template_inputs,
             "dimensions": None if info.multi_vector else {"min": 1, "max": info.n_embd},
             "input_modalities": list(info.modalities),
-            "multi_vector": info.multi_vector}
+            "multi_vector": info.multi_vector,
+            # a sparse (SPLADE) encoder: /embed_sparse answers it; n_embd is its vocabulary
+            **({"sparse": True, "max_active_dims": info.max_active_dims} if info.is_sparse else {})}
 
 
 def render_slots_response(info: ModelInfo, n_processing: int) -> list[dict[str, Any]]:

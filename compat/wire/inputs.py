@@ -66,6 +66,9 @@ def _orjson_depth_limit(cap: int = 1 << 16) -> int:
 # that nest more than MAX_JSON_DEPTH levels, at the cost of copying the body once (no walk, no scan).
 _WRAP = _orjson_depth_limit() - MAX_JSON_DEPTH
 _OPEN, _CLOSE = b"[" * _WRAP, b"]" * _WRAP
+# Bodies up to this size have their brackets counted first (~1 µs per KiB), so one with too few to nest past
+# MAX_JSON_DEPTH skips the wrapped parse; counting a larger one would cost more than the wrapping it could save.
+_COUNTED_BYTES = 64 << 10
 
 
 def _unwrapped(wrapped: Any) -> tuple[bool, Any]:
@@ -79,23 +82,33 @@ def _unwrapped(wrapped: Any) -> tuple[bool, Any]:
     return True, value
 
 
+def _parsed_alone(text: bytes) -> Any:
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise bad_request(str(exc)) from None
+
+
 def parse_json_object(raw: bytes) -> dict[str, Any]:
     """A request body as a JSON object; the parser's own message on failure (llama: 500, here 400, §13).
 
     The body's size is bounded before this (--payload-limit); its nesting is bounded here, by orjson: the body
-    is parsed wrapped in _WRAP arrays, which leaves it MAX_JSON_DEPTH levels below orjson's limit. Anything
+    is parsed wrapped in _WRAP arrays, which leaves it MAX_JSON_DEPTH levels below orjson's limit, unless it is
+    small and holds too few brackets to nest that deep (then it is parsed alone). Anything
     unusual (a parse error, a broken chain) is parsed again alone, so the answer is what parsing the body alone
     says: its own error, "not an object", or too deep."""
     text = raw.encode() if isinstance(raw, str) else raw
-    try:
-        whole, body = _unwrapped(orjson.loads(_OPEN + text + _CLOSE))
-    except orjson.JSONDecodeError:
-        whole, body = False, None
-    if not whole:
+    if len(text) <= _COUNTED_BYTES and text.count(b"[") + text.count(b"{") <= MAX_JSON_DEPTH:
+        # Each level of nesting opens with its own bracket, so this body cannot be too deep: parsed alone (a
+        # short request's body; the wrapped parse below costs ~1 ms, its thousand arrays built and walked).
+        whole, body = True, _parsed_alone(text)
+    else:
         try:
-            body = orjson.loads(text)
-        except orjson.JSONDecodeError as exc:
-            raise bad_request(str(exc)) from None
+            whole, body = _unwrapped(orjson.loads(_OPEN + text + _CLOSE))
+        except orjson.JSONDecodeError:
+            whole, body = False, None
+    if not whole:
+        body = _parsed_alone(text)
     if not isinstance(body, dict):
         raise bad_request("The request body must be a JSON object")
     if not whole:  # valid alone, refused wrapped: deeper than MAX_JSON_DEPTH
@@ -217,6 +230,41 @@ def parse_input_prompts(value: Any, takes_images: bool = False) -> list[Prompt]:
     if isinstance(value, (str, dict)):
         return [_subprompt(value, takes_images)]
     raise bad_request(BAD_ELEMENTS)
+
+
+BAD_LATE_CHUNKING = '"late_chunking" must be a boolean'
+BAD_TRUNCATION_DIRECTION = '"truncation_direction" must be "right" or "left" (or "Right", "Left")'
+TRUNCATION_DIRECTIONS = ("right", "left", "Right", "Left")  # TEI's spellings and the lower-case ones
+
+
+def parse_late_chunking(body: dict[str, Any]) -> bool:
+    """Jina's `late_chunking` (absent or null: off), read the same on every embedding route."""
+    value = body.get("late_chunking")
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise bad_request(BAD_LATE_CHUNKING)
+    return value
+
+
+def parse_truncation_direction(body: dict[str, Any]) -> str:
+    """TEI's `truncation_direction` on the routes whose own servers have none: "right" (default) or "left"."""
+    value = body.get("truncation_direction")
+    if value is None:
+        return "right"
+    if value not in TRUNCATION_DIRECTIONS:
+        raise bad_request(BAD_TRUNCATION_DIRECTION)
+    return value.lower()
+
+
+def chunk_texts(prompts: list[Prompt]) -> list[str]:
+    """A late-chunked request's inputs as its chunks: each one a text (token ids and images are not pieces of a
+    document's text)."""
+    for i, prompt in enumerate(prompts):
+        if len(prompt) != 1 or not isinstance(prompt[0], str):
+            raise bad_request(f"late_chunking takes texts only: input {i} is not a text (token ids and images "
+                              f"cannot be chunks of one document's text)")
+    return [prompt[0] for prompt in prompts]
 
 
 def count_prompts(value: Any) -> int:

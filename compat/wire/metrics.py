@@ -68,7 +68,10 @@ _MODEL_METRICS: tuple[tuple[str, str, str, Callable[[ModelView], float]], ...] =
     ("in_use", "gauge", "Requests using the model right now (its load).", lambda v: v.status.in_use),
     ("loaded", "gauge", "1 while the model is loaded.", lambda v: v.status.state is ModelState.LOADED),
     ("load_seconds", "gauge", "How long the model's last load took.", lambda v: v.status.load_s or 0.0),
-    ("loaded_bytes", "gauge", "Weight bytes of the model while it is loaded.", lambda v: v.status.loaded_bytes),
+    ("loaded_bytes", "gauge", "Bytes the model's weights hold resident while it is loaded (measured at load).",
+     lambda v: v.status.loaded_bytes),
+    ("memory_bytes", "gauge", "What the model holds resident now, as /models memory_bytes: counted against "
+     "--models-memory.", lambda v: v.status.loaded_bytes),
 )
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from compat.errors import ApiError, bad_request
-from compat.wire.inputs import whole
+from compat.wire.inputs import parse_late_chunking, parse_truncation_direction, whole
 from engine.types import EmbedResult, ModelInfo, VocabType
 
 LATEST = ":latest"
@@ -87,6 +87,8 @@ class OllamaEmbedRequest:
     truncate: bool
     dimensions: int | None
     keep_alive_s: float | None  # None: forever
+    late_chunking: bool = False  # our extensions, as on every embedding route
+    truncation_direction: str = "right"
 
 
 def _model(body: dict[str, Any]) -> str:
@@ -127,7 +129,9 @@ def parse_embed_request(body: dict[str, Any], width: int) -> OllamaEmbedRequest:
     # Ollama: dimensions <= 0 or >= the width keep the whole vector
     kept = dimensions if dimensions is not None and 0 < dimensions < width else None
     return OllamaEmbedRequest(model=_model(body), texts=texts, truncate=truncate, dimensions=kept,
-                              keep_alive_s=parse_keep_alive(body.get("keep_alive")))
+                              keep_alive_s=parse_keep_alive(body.get("keep_alive")),
+                              late_chunking=parse_late_chunking(body),
+                              truncation_direction=parse_truncation_direction(body))
 
 
 @dataclass(frozen=True)

@@ -36,13 +36,16 @@ def _model(view: ModelView, created: int) -> dict[str, Any]:
     item: dict[str, Any] = {
         "id": spec.id, "aliases": list(spec.aliases), "tags": list(spec.tags), "object": "model",
         "owned_by": "llamacpp", "created": created, "status": state, "kind": spec.kind,
+        "memory_bytes": status.loaded_bytes,  # what it holds resident now, measured at load (0 while not loaded)
     }
     if status.info is not None:
         item["meta"] = render_model_meta(status.info)
     item["stats"] = {
         "requests": usage.requests, "items": usage.items, "tokens": usage.tokens, "errors": usage.errors,
         "queue_seconds": usage.queue_s, "compute_seconds": usage.compute_s, "load_seconds": status.load_s,
-        "loaded_bytes": status.loaded_bytes, "last_error": usage.last_error,
+        "loaded_bytes": status.loaded_bytes,
+        # the last request error, or else the last load failure (a startup load or a refusal by the memory limits)
+        "last_error": usage.last_error or status.last_error,
     }
     return item
 

@@ -50,16 +50,23 @@ def parse_score_request(body: dict[str, Any]) -> ScoreRequest:
         raise bad_request(BAD_LENGTHS)
     pairs = list(zip(first * len(second) if len(first) == 1 else first, second, strict=True))
 
-    use_activation = body.get("use_activation")
+    use_activation, truncate, model = parse_pooling_fields(body)
+    return ScoreRequest(pairs=pairs, use_activation=use_activation, truncate=truncate, model=model)
+
+
+def parse_pooling_fields(body: dict[str, Any]) -> tuple[bool, bool | None, str | None]:
+    """The fields vLLM's pooling requests share (/score, /classify): whether to apply the model's activation
+    (`use_activation`, or its older spelling `activation`; unset: yes), the truncation (`truncate_prompt_tokens`
+    -1: cut to the model's length; unset: None, the server's --truncate) and the `model` it names."""
+    use_activation = body.get("use_activation", body.get("activation"))
     if use_activation is not None and not isinstance(use_activation, bool):
         raise bad_request(BAD_ACTIVATION)
     truncate_tokens = body.get("truncate_prompt_tokens")
     if truncate_tokens is not None and (isinstance(truncate_tokens, bool) or truncate_tokens != -1):
         raise bad_request(BAD_TRUNCATE)
     model = body.get("model")
-    return ScoreRequest(pairs=pairs, use_activation=use_activation is not False,
-                        truncate=None if truncate_tokens is None else True,
-                        model=model if isinstance(model, str) else None)
+    return use_activation is not False, None if truncate_tokens is None else True, \
+        model if isinstance(model, str) else None
 
 
 def render_score_response(request: ScoreRequest, scores: list[float], n_tokens: int, model_name: str, *,

@@ -21,6 +21,8 @@ Fields and shapes follow TEI's router/src/http/types.rs and server.rs:
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,16 +31,30 @@ import numpy as np
 from compat.errors import ApiError, api_error_from_engine
 from compat.wire.inputs import Prompt, is_token, parse_input_prompts, whole
 from engine import check_dimensions
-from engine.errors import EmptyInput, EngineError, InputTooLong, InvalidTokens, NotLoaded, QueueFull
+from engine.errors import (
+    EmptyInput,
+    EngineError,
+    InputTooLong,
+    InvalidTokens,
+    NotLoaded,
+    NotSparse,
+    QueueFull,
+    SparseOnly,
+)
 from engine.types import EmbedResult, ModelInfo, Pooling, TokenSpan
 
 PER_TOKEN_SIMILARITY = ("/similarity compares one vector per sentence; this model gives one vector per token "
                         "(--pooling none, or a multi-vector model): serve it with a pooling (mean, cls, last)")
+LATE_CHUNKING_EMBED_ALL = ('"late_chunking" pools each chunk\'s token rows into one vector; /embed_all answers the '
+                           'rows themselves: late-chunk on /embed')
 BAD_DIRECTION = '"truncation_direction" must be "Right" or "Left"'
 EMPTY_INPUTS = "`inputs` cannot be empty"
 BAD_SIMILARITY = '"inputs" must be {"source_sentence": string, "sentences": [string, ...]}'
 NOT_POOLING_NONE = ("/embed_all answers per-token rows, which this server gives only for a model served with "
                     "--pooling none; this model pools with {pooling}: use /embed, or start it with --pooling none")
+
+NOT_FOR_SPLADE = ("`embed_all` is not available for SPLADE models (this one gives one sparse vector per input: "
+                  "POST /embed_sparse)")
 
 # TEI's ErrorType -> status (server.rs)
 _STATUS = {"Validation": 413, "Empty": 400, "Tokenizer": 422, "Overloaded": 429, "Unhealthy": 503, "Backend": 424}
@@ -55,6 +71,15 @@ class TeiError(ApiError):
         return {"error": self.message, "error_type": self.type}
 
 
+@contextmanager
+def tei_errors() -> Iterator[None]:
+    """Any error of the block, ours or the engine's, answered in TEI's body."""
+    try:
+        yield
+    except (ApiError, EngineError) as exc:
+        raise tei_error(exc) from None
+
+
 def tei_error(exc: ApiError | EngineError) -> TeiError:
     """Our error (an ApiError, or an engine error before compat/errors.py maps it) in TEI's body and status."""
     if isinstance(exc, TeiError):
@@ -68,6 +93,8 @@ def tei_error(exc: ApiError | EngineError) -> TeiError:
             return TeiError("Overloaded", str(exc) or "Model is overloaded")
         if isinstance(exc, NotLoaded):
             return TeiError("Unhealthy", "Loading model")
+        if isinstance(exc, (SparseOnly, NotSparse)):  # TEI: a Backend error (424) naming the model type
+            return TeiError("Backend", str(exc))
         if isinstance(exc, InputTooLong):
             return TeiError("Validation", f"`inputs` must have less than {exc.limit} tokens. Given: "
                                           f"{exc.n_tokens} (send \"truncate\": true to cut it)")
@@ -113,6 +140,7 @@ class TeiEmbedRequest:
     prompt_name: str | None
     dimensions: int | None
     truncate_left: bool = False
+    late_chunking: bool = False  # our extension, as on every embedding route (/embed only)
 
 
 def _prompts(value: Any) -> list[Prompt]:
@@ -129,7 +157,10 @@ def parse_embed_request(body: dict[str, Any], *, width: int, per_token: bool = F
     prompts = _prompts(body.get("inputs"))
     truncate, left = _truncation(body)
     prompt_name = _prompt_name(body)
+    late_chunking = _bool(body, "late_chunking", False)
     if per_token:
+        if late_chunking:
+            raise TeiError("Validation", LATE_CHUNKING_EMBED_ALL, status=422)
         return TeiEmbedRequest(prompts, -1, truncate, prompt_name, None, left)
     normalize = _bool(body, "normalize", True)
     dimensions = whole(body.get("dimensions"))
@@ -137,7 +168,7 @@ def parse_embed_request(body: dict[str, Any], *, width: int, per_token: bool = F
         check_dimensions(dimensions, width)
     except EngineError as exc:
         raise tei_error(exc) from None
-    return TeiEmbedRequest(prompts, 2 if normalize else -1, truncate, prompt_name, dimensions, left)
+    return TeiEmbedRequest(prompts, 2 if normalize else -1, truncate, prompt_name, dimensions, left, late_chunking)
 
 
 def render_embed_response(result: EmbedResult) -> list[np.ndarray]:
@@ -152,6 +183,8 @@ def check_similarity(info: ModelInfo) -> None:
 
 
 def check_embed_all(info: ModelInfo) -> None:
+    if info.is_sparse:
+        raise TeiError("Backend", NOT_FOR_SPLADE)
     if info.pooling is not Pooling.NONE or info.multi_vector:
         raise TeiError("Backend", NOT_POOLING_NONE.format(pooling=info.pooling.value))
 
@@ -199,9 +232,12 @@ def render_similarity_response(result: EmbedResult) -> list[float]:
 def render_info_response(info: ModelInfo, *, model_id: str, version: str, max_concurrent_requests: int,
                          max_client_batch_size: int, auto_truncate: bool, tokenization_workers: int) -> dict[str, Any]:
     """TEI's Info (router/src/lib.rs), from the loaded model and the server's settings."""
-    if info.is_reranker:
-        # a reranker scores one label (TEI: a classifier with one class is a reranker)
-        model_type: dict[str, Any] = {"reranker": {"id2label": {"0": "LABEL_0"}, "label2id": {"LABEL_0": 0}}}
+    if info.is_reranker or info.is_classifier:
+        # TEI: a classifier with one class is a reranker
+        labels = info.labels or ("LABEL_0",)
+        model_type: dict[str, Any] = {"classifier" if info.is_classifier else "reranker": {
+            "id2label": {str(i): label for i, label in enumerate(labels)},
+            "label2id": {label: i for i, label in enumerate(labels)}}}
     else:
         model_type = {"embedding": {"pooling": info.pooling.value}}
     return {"model_id": model_id, "model_sha": None,

@@ -9,7 +9,7 @@ import mlx.nn as nn
 import numpy as np
 
 from engine.errors import UnsupportedCheckpoint
-from engine.compute.pooling import pool
+from engine.compute.pooling import pool, pool_segments, splade
 from engine.types import Pooling
 from engine.multimodal.inputs import PreparedImage, to_device
 
@@ -37,15 +37,19 @@ def _started(out: mx.array) -> mx.array:
 
 
 class EmbeddingPipeline(Pipeline):
-    """projection: the checkpoint's Dense modules, applied to the pooled vector (engine/loading/heads.py)."""
+    """projection: the checkpoint's Dense modules, applied to the pooled vector (engine/loading/heads.py).
+    Pooling.SPLADE: the model is a masked LM (logits [B, L, vocab]) pooled as `splade` (strategy, activation)
+    says (engine/checkpoint.py Splade)."""
 
-    def __init__(self, model: nn.Module, pooling: Pooling, projection: nn.Module | None = None):
+    def __init__(self, model: nn.Module, pooling: Pooling, projection: nn.Module | None = None,
+                 splade: tuple[str, str] = ("max", "relu")):
         if projection is not None and pooling is Pooling.NONE:
             raise UnsupportedCheckpoint("pooling 'none' is not supported for a checkpoint with Dense modules "
                                         "(they project the pooled vector)")
         self.model = model
         self.pooling = pooling
         self.projection = projection
+        self.splade = splade
         self.pools_itself = model.pools_itself  # the family's own head gives [B, D] (engine/families/base.py Trunk)
         # last-token pooling reads one position per row: a family that can computes its last layer there only
         self.last_rows_only = pooling is Pooling.LAST and bool(getattr(model, "computes_needed_rows", False))
@@ -66,6 +70,23 @@ class EmbeddingPipeline(Pipeline):
         hidden = self.model.embed_with_images(mx.array(ids), to_device(images))
         return self._pooled(hidden, mx.ones((1, length), dtype=mx.int32), [length])
 
+    @property
+    def pools_segments(self) -> bool:
+        """Whether launch_segments can serve this model (it pools hidden states itself, one vector per input)."""
+        return not self.pools_itself and self.pooling not in (Pooling.NONE, Pooling.RANK, Pooling.SPLADE)
+
+    def launch_segments(self, ids: np.ndarray, type_ids: np.ndarray,
+                        segments: tuple[tuple[int, ...], ...]) -> Collect:
+        """Late chunking: one input, ids [1, L], in one pass; each segment (a chunk's rows) pooled as an input
+        is, then projected -> one [S, D] array."""
+        length = ids.shape[1]
+        hidden = self.model(mx.array(ids), mx.ones((1, length), dtype=mx.int32), mx.array(type_ids))
+        pooled = pool_segments(hidden[0], segments, self.pooling)
+        if self.projection is not None:
+            pooled = self.projection(pooled).astype(mx.float32)
+        pooled = _started(pooled)
+        return lambda: [np.array(pooled)]
+
     def _pooled(self, hidden: mx.array, mask_mx: mx.array, lengths: list[int]) -> Collect:
         if self.pools_itself:
             pooled = _started(hidden.astype(mx.float32))
@@ -73,7 +94,10 @@ class EmbeddingPipeline(Pipeline):
         if self.pooling is Pooling.NONE:
             tokens = _started(hidden.astype(mx.float32))
             return lambda: [row[:n] for row, n in zip(np.array(tokens), lengths)]
-        pooled = pool(hidden, mask_mx, self.pooling)
+        if self.pooling is Pooling.SPLADE:
+            pooled = splade(hidden, mask_mx, *self.splade)
+        else:
+            pooled = pool(hidden, mask_mx, self.pooling)
         if self.projection is not None:
             pooled = self.projection(pooled).astype(mx.float32)
         pooled = _started(pooled)
@@ -94,6 +118,18 @@ class CrossEncoderPipeline(Pipeline):
     def launch(self, ids: np.ndarray, mask: np.ndarray, type_ids: np.ndarray, lengths: list[int]) -> Collect:
         logits = _started(self.model(mx.array(ids), mx.array(mask), mx.array(type_ids)).astype(mx.float32))
         return lambda: list(np.array(logits)[:, 0])
+
+
+class ClassifierPipeline(Pipeline):
+    """A sequence classifier with several labels: the raw logits [labels] per row (engine/compute/labels.py
+    turns them into probabilities)."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+
+    def launch(self, ids: np.ndarray, mask: np.ndarray, type_ids: np.ndarray, lengths: list[int]) -> Collect:
+        logits = _started(self.model(mx.array(ids), mx.array(mask), mx.array(type_ids)).astype(mx.float32))
+        return lambda: list(np.array(logits))
 
 
 class GenerativeRerankPipeline(Pipeline):

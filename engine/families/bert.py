@@ -1,4 +1,5 @@
-"""BERT encoder (BertModel, BertForMaskedLM, BertForSequenceClassification checkpoints).
+"""BERT encoder (BertModel, BertForMaskedLM, BertForSequenceClassification checkpoints); BertForMaskedLM's
+head too, for SPLADE sparse encoders (MaskedLM).
 
 Attribute names follow the checkpoint's weight keys, so sanitize() only handles naming quirks.
 """
@@ -197,6 +198,67 @@ class SequenceClassifier(nn.Module):
     @staticmethod
     def sanitize(weights: dict[str, mx.array]) -> dict[str, mx.array]:
         return {k: v for k, v in _renamed(weights).items() if k.startswith(("bert.", "classifier."))}
+
+
+class BertPredictionHeadTransform(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.dense = nn.Linear(args.hidden_size, args.hidden_size)
+        self.act = activation(args.hidden_act)
+        self.LayerNorm = nn.LayerNorm(args.hidden_size, eps=args.layer_norm_eps)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self.LayerNorm(self.act(self.dense(x)))
+
+
+class BertLMPredictionHead(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.transform = BertPredictionHeadTransform(args)
+        self.decoder = nn.Linear(args.hidden_size, args.vocab_size)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self.decoder(self.transform(x))
+
+
+class BertOnlyMLMHead(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.predictions = BertLMPredictionHead(args)
+
+
+class MaskedLM(nn.Module):
+    """BertForMaskedLM: trunk, then the MLM head (dense + activation + LayerNorm, the decoder onto the
+    vocabulary) -> logits [B, L, vocab]. The decoder's weight is tied to the word embeddings (a checkpoint
+    stores it or not), its bias is cls.predictions.bias."""
+
+    pools_itself = False
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.bert = Model(args)
+        self.cls = BertOnlyMLMHead(args)
+
+    @property
+    def trunk(self) -> nn.Module:
+        return self.bert
+
+    def __call__(self, input_ids: mx.array, attention_mask: mx.array,
+                 token_type_ids: mx.array | None = None) -> mx.array:
+        return self.cls.predictions(self.bert(input_ids, attention_mask, token_type_ids))
+
+    @staticmethod
+    def sanitize(weights: dict[str, mx.array]) -> dict[str, mx.array]:
+        weights = _renamed(weights)
+        out = {f"bert.{k}": v for k, v in trunk_weights(weights, ("bert.",), ("embeddings.", "encoder.")).items()}
+        head = {k: v for k, v in weights.items() if k.startswith("cls.predictions.")}
+        if "cls.predictions.transform.dense.weight" not in head:
+            raise UnsupportedCheckpoint("no masked-LM head in the weights (cls.predictions.*): SPLADE needs the "
+                                        "checkpoint's MLM head, as BertForMaskedLM saves it")
+        bias = head.pop("cls.predictions.bias", None)
+        head.setdefault("cls.predictions.decoder.bias", bias)
+        head.setdefault("cls.predictions.decoder.weight", out["bert.embeddings.word_embeddings.weight"])
+        return {**out, **{k: v for k, v in head.items() if v is not None}}
 
 
 def _renamed(weights: dict[str, mx.array]) -> dict[str, mx.array]:

@@ -1,4 +1,5 @@
-"""DistilBERT encoder (DistilBertModel, DistilBertForMaskedLM: the msmarco-distilbert / distiluse checkpoints).
+"""DistilBERT encoder (DistilBertModel, DistilBertForMaskedLM: the msmarco-distilbert / distiluse checkpoints);
+DistilBertForMaskedLM's head too, for SPLADE sparse encoders (MaskedLM).
 
 BERT's post-norm layers under DistilBERT's own names and config keys (dim, hidden_dim, n_layers, n_heads,
 activation): no token types, no pooler, positions 0..L-1 from a table the checkpoint stores (learned, or the
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import mlx.nn as nn
 
+from engine.errors import UnsupportedCheckpoint
 from engine.families.base import BaseModelArgs, Trunk, activation, attention, padding_mask, split_heads
 
 EPS = 1e-12  # transformers' DistilBERT fixes every LayerNorm's eps
@@ -115,3 +117,39 @@ class Model(Trunk):
             if key.startswith(("embeddings.", "transformer.")) and not key.endswith("position_ids"):
                 out[key] = value
         return out
+
+
+class MaskedLM(nn.Module):
+    """DistilBertForMaskedLM: trunk, vocab_transform + activation + vocab_layer_norm, vocab_projector onto the
+    vocabulary -> logits [B, L, vocab]; the projector's weight is tied to the word embeddings (stored or not)."""
+
+    pools_itself = False
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.distilbert = Model(args)
+        self.vocab_transform = nn.Linear(args.dim, args.dim)
+        self.act = activation(args.activation)
+        self.vocab_layer_norm = nn.LayerNorm(args.dim, eps=EPS)
+        self.vocab_projector = nn.Linear(args.dim, args.vocab_size)
+
+    @property
+    def trunk(self) -> nn.Module:
+        return self.distilbert
+
+    def __call__(self, input_ids: mx.array, attention_mask: mx.array,
+                 token_type_ids: mx.array | None = None) -> mx.array:
+        hidden = self.distilbert(input_ids, attention_mask)
+        return self.vocab_projector(self.vocab_layer_norm(self.act(self.vocab_transform(hidden))))
+
+    @staticmethod
+    def sanitize(weights: dict[str, mx.array]) -> dict[str, mx.array]:
+        out = {f"distilbert.{k}": v for k, v in Model.sanitize(weights).items()}
+        head = {k: v for k, v in weights.items() if k.startswith(("vocab_transform.", "vocab_layer_norm.",
+                                                                  "vocab_projector."))}
+        if "vocab_transform.weight" not in head:
+            raise UnsupportedCheckpoint("no masked-LM head in the weights (vocab_transform, vocab_layer_norm, "
+                                        "vocab_projector): SPLADE needs the checkpoint's MLM head, as "
+                                        "DistilBertForMaskedLM saves it")
+        head.setdefault("vocab_projector.weight", out["distilbert.embeddings.word_embeddings.weight"])
+        return {**out, **head}

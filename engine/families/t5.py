@@ -24,6 +24,7 @@ from engine.families.base import (
     attention,
     padding_mask,
     relative_position_buckets,
+    sequence_mask,
     split_heads,
 )
 
@@ -41,6 +42,7 @@ class ModelArgs(BaseModelArgs):
     layer_norm_epsilon: float = 1e-6
     feed_forward_proj: str = "relu"
     n_positions: int = 512  # what the checkpoints were trained on (relative positions reach any length)
+    is_causal: bool = False  # a t5encoder GGUF as llama.cpp runs it (engine/loading/gguf/arch/t5encoder.py)
 
     def __post_init__(self):
         parts = self.feed_forward_proj.split("-")
@@ -167,7 +169,8 @@ class Model(Trunk):
 
     def __call__(self, input_ids: mx.array, attention_mask: mx.array,
                  token_type_ids: mx.array | None = None) -> mx.array:
-        return self.encoder(self.shared(input_ids), padding_mask(attention_mask))
+        mask = sequence_mask(attention_mask, causal=True) if self.args.is_causal else padding_mask(attention_mask)
+        return self.encoder(self.shared(input_ids), mask)
 
     @staticmethod
     def sanitize(weights: dict[str, mx.array]) -> dict[str, mx.array]:

@@ -80,6 +80,10 @@ GENERATIVE_RERANKERS = {
     "qwen3_vl": "Qwen3VLForConditionalGeneration",  # Qwen3-VL-Reranker: images in the query and documents
 }
 
+# SPLADE sparse encoders (a SparseEncoder's SpladePooling, or --pooling splade): the masked LMs whose head a
+# family builds (its MaskedLM), as TEI serves them
+SPARSE_ENCODERS = {"bert": "BertForMaskedLM", "distilbert": "DistilBertForMaskedLM"}
+
 # Without 1_Pooling/config.json: what sentence-transformers itself would do with a bare encoder.
 FAMILY_DEFAULT_POOLING = {"bert": Pooling.MEAN, "xlm_roberta": Pooling.MEAN, "modernbert": Pooling.MEAN,
                           "nomic_bert": Pooling.MEAN, "gte": Pooling.MEAN, "mpnet": Pooling.MEAN,
@@ -97,6 +101,9 @@ ARCHITECTURE_DEFAULT_POOLING = {"Qwen3Model": Pooling.LAST, "Lfm2BidirectionalMo
                                 "Lfm2BidirectionalForMaskedLM": Pooling.MEAN}
 
 EMBEDDER, CROSS_ENCODER, GENERATIVE_RERANKER = "embedder", "cross-encoder", "generative-reranker"
+# a CROSS_ENCODERS architecture whose head has several labels: a sequence classifier (TEI's /predict, vLLM's
+# /classify); with one label it is a cross-encoder reranker
+CLASSIFIER = "classifier"
 
 
 @dataclass
@@ -105,7 +112,7 @@ class LoadedModel:
 
     model: nn.Module
     family: str
-    kind: str  # EMBEDDER | CROSS_ENCODER | GENERATIVE_RERANKER
+    kind: str  # EMBEDDER | CROSS_ENCODER | GENERATIVE_RERANKER | CLASSIFIER
     n_params: int
     size_bytes: int
     ftype: str
@@ -143,6 +150,21 @@ class LoadedModel:
                    weights=weights, resident_bytes=resident_bytes or size_bytes)
 
 
+def masked_lm_class(family: ModuleType, checkpoint: Checkpoint) -> type:
+    """The family's MaskedLM (its trunk with the MLM head) for a SPLADE checkpoint, which must be a masked LM
+    (TEI: "Splade pooling is not supported: model is not a ForMaskedLM model")."""
+    name = family_name(checkpoint)
+    served = SPARSE_ENCODERS.get(name)
+    if served is None or checkpoint.architecture != served or not hasattr(family, "MaskedLM"):
+        raise UnsupportedCheckpoint(
+            f"{checkpoint.path}: SPLADE pooling (a sparse encoder) needs a masked-LM checkpoint with its MLM head; "
+            f"{checkpoint.architecture or checkpoint.model_type} is not one served here (supported: "
+            f"{', '.join(sorted(SPARSE_ENCODERS.values()))})")
+    if checkpoint.dense_folders:
+        raise UnsupportedCheckpoint(f"{checkpoint.path}: Dense modules are not supported with SPLADE pooling")
+    return family.MaskedLM
+
+
 def family_name(checkpoint: Checkpoint) -> str:
     if checkpoint.architecture in ARCHITECTURE_FAMILIES:
         return ARCHITECTURE_FAMILIES[checkpoint.architecture]
@@ -163,7 +185,32 @@ def kind_of(checkpoint: Checkpoint, rank: bool = False) -> str:
 
 # The auto_map entry transformers (trust_remote_code) would build each kind from, as sentence-transformers loads it.
 AUTO_CLASSES = {EMBEDDER: "AutoModel", CROSS_ENCODER: "AutoModelForSequenceClassification",
-                GENERATIVE_RERANKER: "AutoModelForCausalLM"}
+                CLASSIFIER: "AutoModelForSequenceClassification", GENERATIVE_RERANKER: "AutoModelForCausalLM"}
+
+
+def label_names(checkpoint: Checkpoint) -> tuple[str, ...]:
+    """A sequence classifier's labels in id order, as transformers reads them from config.json: id2label, else
+    `num_labels` LABEL_i names, else transformers' default of two (which it leaves out of config.json)."""
+    id2label = checkpoint.config.get("id2label")
+    if isinstance(id2label, dict) and id2label:
+        try:
+            by_id = {int(k): str(v) for k, v in id2label.items()}
+        except (TypeError, ValueError):
+            raise UnsupportedCheckpoint(f"{checkpoint.path}: config.json's id2label keys must be label ids "
+                                        f"(integers), not {sorted(id2label)!r}") from None
+        if sorted(by_id) != list(range(len(by_id))):
+            raise UnsupportedCheckpoint(f"{checkpoint.path}: config.json's id2label ids must be 0..{len(by_id) - 1}, "
+                                        f"not {sorted(by_id)}")
+        return tuple(by_id[i] for i in range(len(by_id)))
+    n = checkpoint.config.get("num_labels")
+    if not (isinstance(n, int) and not isinstance(n, bool) and n > 0):
+        n = 2
+    return tuple(f"LABEL_{i}" for i in range(n))
+
+
+def is_multi_label(checkpoint: Checkpoint) -> bool:
+    """config.json's problem_type multi_label_classification: each label scored by its own sigmoid."""
+    return checkpoint.config.get("problem_type") == "multi_label_classification"
 
 
 def _refuse_custom_code(checkpoint: Checkpoint, kind: str) -> None:
@@ -192,7 +239,7 @@ def _kind_of(checkpoint: Checkpoint, rank: bool) -> str:
     name, arch = family_name(checkpoint), checkpoint.architecture
     arch = ARCHITECTURE_ALIASES.get(arch, arch)
     if CROSS_ENCODERS.get(name) == arch:
-        return CROSS_ENCODER
+        return CLASSIFIER if len(label_names(checkpoint)) > 1 else CROSS_ENCODER
     # A sentence-transformers pooling layout (1_Pooling, a Pooling module) marks an embedding export, such as
     # Qwen3-Embedding's Qwen3ForCausalLM: never a yes/no reranker, whatever the mode.
     pooled_export = checkpoint.pooling is not None or "Pooling" in checkpoint.module_types
@@ -204,7 +251,7 @@ def _kind_of(checkpoint: Checkpoint, rank: bool) -> str:
         with_heads = ", ".join(sorted(CROSS_ENCODERS.values()))
         raise UnsupportedCheckpoint(
             f"{checkpoint.path}: {arch} is a sequence classifier: it is never served as an embedding model, and "
-            f"only these are served as cross-encoders (--reranking): {with_heads}")
+            f"only these are served as cross-encoders (--reranking) and classifiers: {with_heads}")
     served = sorted({*EMBEDDERS, *CROSS_ENCODERS, *GENERATIVE_RERANKERS})
     if name not in served:
         raise UnsupportedCheckpoint(
@@ -250,9 +297,12 @@ def choose_pooling(flag: Pooling | None, checkpoint: Checkpoint, loaded: LoadedM
     """The pooling a loaded model serves with, the one place it is decided: rank mode (--reranking) scores with
     the reranker's head; a multi-vector family gives one vector per token and a family with its own pooling
     heads pools through them (--pooling may only name what they do); any other embedder takes --pooling, else
-    the pooling its checkpoint stores, else its default (`loaded.default_pooling`, the format's and family's)."""
+    the pooling its checkpoint stores, else its default (`loaded.default_pooling`, the format's and family's).
+    A sparse encoder (checkpoint.splade: its SpladePooling module, or --pooling splade) pools by SPLADE."""
     if flag is Pooling.RANK:
         return flag
+    if loaded.default_pooling is Pooling.SPLADE:  # a masked LM built for its SPLADE head (checkpoint.splade)
+        return Pooling.SPLADE
     if loaded.multi_vector:  # one vector per token, projected and normalized by the family
         if flag not in (None, Pooling.NONE):
             raise UnsupportedCheckpoint(

@@ -10,7 +10,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from engine.checkpoint import Checkpoint, read_json, read_json_optional
+from engine.checkpoint import Checkpoint, Splade, read_json, read_json_optional
 from engine.errors import CheckpointNotFound, UnsupportedCheckpoint
 from engine.loading import heads, registry, weights
 from engine.text.tokenizer import TextTokenizer
@@ -19,7 +19,10 @@ from engine.types import Pooling
 # sentence-transformers module types we understand, by their last dotted name. Checkpoints spell the full
 # path in several historical ways (models.Pooling, sentence_transformers.base.modules.…); only the class
 # name matters, and it is data: we never import what a checkpoint names.
-_KNOWN_MODULES = {"Transformer", "Pooling", "Normalize", "Dense", "LogitScore"}
+_KNOWN_MODULES = {"Transformer", "Pooling", "Normalize", "Dense", "LogitScore", "MLMTransformer", "SpladePooling"}
+# A SparseEncoder's SpladePooling: its pooling strategies and activations (sentence-transformers' SpladePooling)
+_SPLADE_STRATEGIES = ("max", "sum")
+_SPLADE_ACTIVATIONS = ("relu", "log1p_relu")
 
 # 1_Pooling modes we implement, in both key styles.
 _POOLING_NAMES = {"cls": Pooling.CLS, "mean": Pooling.MEAN, "max": Pooling.MAX, "lasttoken": Pooling.LAST}
@@ -72,6 +75,7 @@ class SafetensorsFormat:
             dense_folders=tuple(path / str(m.get("path", "")) for m in modules
                                 if str(m.get("type", "")).endswith(".Dense")),
             logit_score=_logit_score(path, modules),
+            splade=_read_splade(path, modules, sbert),
             label=label,
             format=cls(),
         )
@@ -98,14 +102,20 @@ class SafetensorsFormat:
         projection = tensors = None
         if kind == registry.GENERATIVE_RERANKER:
             model = trunk = family.CausalLM(args)
-        elif kind == registry.CROSS_ENCODER:
+        elif kind in (registry.CROSS_ENCODER, registry.CLASSIFIER):
             cls = family.SequenceClassifier
             tensors = cls.sanitize(raw)  # sanitized once: the label count reads it, then the model loads it
             labels = cls.label_count(tensors)
-            if labels != 1:
-                raise UnsupportedCheckpoint(f"{checkpoint.path}: a cross-encoder must have exactly one label; "
-                                            f"its classifier has {labels} rows")
+            named = len(registry.label_names(checkpoint))
+            if labels != named:
+                raise UnsupportedCheckpoint(
+                    f"{checkpoint.path}: its classifier head has {labels} rows but config.json names {named} "
+                    f"label{'s' if named > 1 else ''} (id2label / num_labels); a cross-encoder has one label, a "
+                    f"sequence classifier names each of its labels")
             model = cls(args, labels)
+            trunk = model.trunk
+        elif checkpoint.splade is not None:  # a sparse encoder: the trunk and its MLM head
+            model = registry.masked_lm_class(family, checkpoint)(args)
             trunk = model.trunk
         elif model_class.multi_vector:  # it projects each token itself
             model = trunk = model_class(args)
@@ -132,12 +142,15 @@ class SafetensorsFormat:
             weights.materialize(projection, dense, quant, dtype_, f"{checkpoint.path} (Dense modules)", keep)
             extra_params, extra_bytes = weights.size(projection)
             n_params, size_bytes = n_params + extra_params, size_bytes + extra_bytes
-        return registry.LoadedModel.of(
+        loaded = registry.LoadedModel.of(
             model, trunk, family=name, kind=kind, n_params=n_params, size_bytes=size_bytes,
             ftype=weights.ftype({**tensors, **(dense if projection is not None else {})}, quant),
             default_pooling=registry.default_pooling(checkpoint), projection=projection,
             input_builder=registry.input_builder(name, kind),
             weights=weights.placement(quant is not None, keep, dtype_))
+        if checkpoint.splade is not None:  # one vector over the vocabulary
+            loaded.hidden_size, loaded.default_pooling = int(args.vocab_size), Pooling.SPLADE
+        return loaded
 
 
 def weight_files(path: Path) -> list[Path]:
@@ -186,6 +199,37 @@ def _logit_score(path: Path, modules: list[dict[str, Any]]) -> tuple[int, int] |
                                             f"false_token_id")
             return ids[0], ids[1]
     return None
+
+
+def _read_splade(path: Path, modules: list[dict[str, Any]], sbert: dict[str, Any]) -> Splade | None:
+    """A SparseEncoder's SPLADE head: a masked-LM Transformer (MLMTransformer, or a Transformer whose
+    sentence_bert_config.json says transformer_task "fill-mask") followed by SpladePooling, and nothing else."""
+    names = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules]
+    if "SpladePooling" not in names:
+        if "MLMTransformer" in names:
+            raise UnsupportedCheckpoint(f"{path / 'modules.json'}: an MLMTransformer without SpladePooling is not "
+                                        f"supported (a sparse encoder is MLMTransformer + SpladePooling)")
+        return None
+    masked_lm = names[0] == "MLMTransformer" or (names[0] == "Transformer"
+                                                 and sbert.get("transformer_task") == "fill-mask")
+    if names[1:] != ["SpladePooling"] or not masked_lm:
+        raise UnsupportedCheckpoint(
+            f"{path / 'modules.json'}: sparse encoder modules {' + '.join(names)} are not supported (supported: a "
+            f"masked-LM Transformer followed by SpladePooling)")
+    config_file = path / str(modules[1].get("path", "")) / "config.json"
+    config = read_json_optional(config_file)
+    strategy = config.get("pooling_strategy", "max")
+    activation = config.get("activation_function", "relu")
+    if strategy not in _SPLADE_STRATEGIES or activation not in _SPLADE_ACTIVATIONS:
+        raise UnsupportedCheckpoint(
+            f"{config_file}: SpladePooling with pooling_strategy {strategy!r} and activation_function "
+            f"{activation!r} is not supported (supported: {', '.join(_SPLADE_STRATEGIES)}; "
+            f"{', '.join(_SPLADE_ACTIVATIONS)})")
+    top = read_json_optional(path / "config_sentence_transformers.json").get("max_active_dims")
+    if top is not None and (isinstance(top, bool) or not isinstance(top, int) or top <= 0):
+        raise UnsupportedCheckpoint(f"{path / 'config_sentence_transformers.json'}: max_active_dims must be a "
+                                    f"positive integer, not {top!r}")
+    return Splade(strategy=strategy, activation=activation, max_active_dims=top)
 
 
 def _read_pooling(path: Path) -> Pooling | None:

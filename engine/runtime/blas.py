@@ -61,32 +61,40 @@ def set_threads(n: int) -> None:
         _bound.openblas_set_num_threads(ctypes.c_int(n))
 
 
-# The thread count is one setting for the whole process, so the passes computing now are counted here, over every
-# engine of the process (several models in router mode), not per engine.
-_lock = threading.Lock()
-_budget = 0  # threads the passes may keep busy (-t); 0: the library's default, untouched
-_computing = 0  # passes computing now
+# The thread count is one setting for the whole process, so the lanes computing now are counted here, over every
+# engine of the process (several models in router mode), not per engine: at most -t lanes compute at once (a lane is
+# one thread running its stream's ops, and the BLAS threads it calls are shared out below), so the threads every
+# engine keeps busy together stay within -t.
+_lock = threading.Condition()
+_budget = 0  # threads the lanes may keep busy (-t); 0: the library's default, untouched, and no bound on lanes
+_computing = 0  # lanes computing now
 
 
 def set_budget(threads: int) -> None:
-    """-t: the threads every pass of the process shares (the last engine loaded sets it); <= 0 keeps the default."""
+    """-t: the threads every lane of the process shares (the last engine loaded sets it); <= 0 keeps the default."""
     global _budget
     with _lock:
         _budget = max(0, threads)
         set_threads(_budget)
+        _lock.notify_all()  # a larger budget admits lanes that wait
 
 
-def pass_started() -> None:
-    """A pass starts computing: the BLAS threads are shared out over the passes computing now (a pass alone gets
-    them all). Every call is matched by pass_finished."""
+def compute_started() -> None:
+    """A lane starts computing (its first pass in flight): it waits while -t lanes of the process compute already,
+    then the BLAS threads are shared out over the lanes computing now (a lane alone gets them all). Every call is
+    matched by compute_finished; a lane never waits here while it holds a pass, so the wait always ends."""
     global _computing
     with _lock:
+        while _budget > 0 and _computing >= _budget:
+            _lock.wait()
         _computing += 1
         if _budget > 0:
             set_threads(max(1, _budget // _computing))
 
 
-def pass_finished() -> None:
+def compute_finished() -> None:
+    """A lane has no pass in flight any more: its share goes to a waiting lane."""
     global _computing
     with _lock:
         _computing = max(0, _computing - 1)
+        _lock.notify()

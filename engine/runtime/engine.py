@@ -4,15 +4,20 @@ input order; the load (engine/runtime/loader.py) runs on the engine thread."""
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
 import math
 import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
+import numpy as np
+
+from engine.compute.labels import label_scores
 from engine.compute.maxsim import maxsim_scores
 from engine.compute.normalize import check_dimensions, finish
-from engine.errors import InvalidInput, NotLoaded, ReplyTimeout
+from engine.compute.sparse import check_max_active_dims, sparsify
+from engine.errors import InvalidInput, NotLoaded, NotSparse, ReplyTimeout, SparseOnly
 from engine.loading import registry
 from engine.multimodal.images import InvalidImage, decode
 from engine.multimodal.inputs import PreparedInput
@@ -20,21 +25,27 @@ from engine.multimodal.pairs import RerankSide
 from engine.runtime import fitting, loader, threads
 from engine.runtime.loader import ServedModel
 from engine.runtime.scheduler import BatchLimits
-from engine.runtime.worker import ImageWork, ItemResult, Runner, Worker
+from engine.runtime.worker import ImageWork, ItemResult, Runner, SegmentedWork, Worker
 from engine.text.prompts import choose_prompt, format_prompts, is_text
 from engine.text.tokenizer import TextTokenizer
 from engine.types import (
+    ClassifyResult,
     EmbedResult,
     EngineOptions,
     ImageInput,
     ModelInfo,
+    Pooling,
     RerankItem,
     RerankResult,
+    SparseResult,
     Timings,
     TokenSpan,
 )
 
 T = TypeVar("T")
+
+CLASSIFIER_ROUTES = ("this server runs a sequence classifier ({n} labels): it serves label scores on /predict (TEI) "
+                     "and /classify (vLLM), {what}")
 
 
 def _label(labels: Sequence[str] | None, index: int) -> str:
@@ -182,6 +193,78 @@ class Engine:
         result.timings.tokenize_s += tokenize_s
         return result
 
+    def embed_late_chunks(self, chunks: Sequence[str], *, truncate: bool | None = None, timeout_s: float = 3600,
+                          prompt_name: str | None = None, instruction: str | None = None, embd_normalize: int = -1,
+                          dimensions: int | None = None, truncation_direction: str = "right") -> EmbedResult:
+        """Late chunking (Jina's `late_chunking`): `chunks` are consecutive pieces of one document, joined exactly
+        as given and embedded in one pass; each chunk's vector is the model's pooling over the token rows that
+        start inside it (special tokens and the prompt belong to no chunk), finished as `embed` finishes a vector.
+
+        The prompt (prompt_name / instruction / the default prompt) applies once, to the whole document. An
+        over-long document is cut as `truncate` and `truncation_direction` say (a chunk left without a token is
+        InvalidInput), else InputTooLong. n_tokens: each chunk's tokens, the first one's holding the prompt's and
+        the special tokens too, so that they add up to the document's.
+        """
+        info = self._embedding(1, dimensions)
+        direction = fitting.truncation_direction(truncation_direction)
+        model = self._served()
+        self._check_late_chunking(info, model)
+        if not chunks:
+            raise InvalidInput("late chunking needs at least one chunk")
+        started = time.monotonic()
+        document = "".join(chunks)
+        choice = choose_prompt(info, prompt_name, instruction)
+        text = choice.apply(document)
+        first_char = text.rfind(document) if document else len(text)
+        ids, starts = model.tokenizer.encode_with_starts(text)
+        cut = self.options.truncate if truncate is None else truncate
+        kept = model.fitter.fit_positions(ids, cut, direction)
+        chunk_starts = list(itertools.accumulate((len(c) for c in chunks[:-1]), initial=0))
+        segments = fitting.chunk_segments(starts, kept, chunk_starts, first_char)
+        work = SegmentedWork([ids[p] for p in kept], tuple(segments))
+        tokenize_s = time.monotonic() - started
+        results, timings = self._serve([work], None, timeout_s)
+        timings.tokenize_s += tokenize_s
+        rows = results[0].value
+        n_tokens = [len(rows_of) for rows_of in segments]
+        n_tokens[0] += len(kept) - sum(n_tokens)
+        return EmbedResult(vectors=[finish(row, embd_normalize, dimensions) for row in rows], n_tokens=n_tokens,
+                           timings=timings)
+
+    def _check_late_chunking(self, info: ModelInfo, model: ServedModel) -> None:
+        """InvalidInput naming why this model cannot late-chunk, if it cannot."""
+        name = info.architecture or info.model_type
+        why = None
+        if info.multi_vector:
+            why = "it is a multi-vector model (one vector per token already: score its rows with /maxsim)"
+        elif info.pooling is Pooling.NONE:
+            why = "its pooling is 'none' (late chunking pools each chunk's rows as the model pools an input)"
+        elif model.builder is not None or model.chat is not None:
+            why = "its inputs are built by its own prompt format or chat template"
+        elif info.is_sparse:
+            why = "it is a sparse (SPLADE) encoder: its vectors span the vocabulary, one per input"
+        elif not model.pools_segments:
+            why = "it pools inside its own head"
+        if why is not None:
+            raise InvalidInput(f"late chunking is not supported by this model ({name}): {why}")
+
+    def embed_sparse(self, prompts: Sequence[Sequence[str | int]], *, truncate: bool | None = None,
+                     timeout_s: float = 3600, labels: Sequence[str] | None = None, truncation_direction: str = "right",
+                     max_active_dims: int | None = None) -> SparseResult:
+        """A sparse (SPLADE) encoder's vectors for prompts as embed_prompts takes them (format_prompts applied):
+        each one's nonzero entries over the vocabulary, indices ascending, kept to the `max_active_dims` largest
+        (None: the checkpoint's own max_active_dims, else all), as SparseEncoder.encode gives them."""
+        info = self._require_embedder()
+        if not info.is_sparse:
+            raise NotSparse(f"this model ({info.architecture or info.model_type}) gives dense vectors (pooling "
+                            f"{info.pooling.value}); sparse vectors need a SPLADE encoder: a sentence-transformers "
+                            f"SparseEncoder checkpoint, or a masked LM started with --pooling splade")
+        top = check_max_active_dims(max_active_dims) or info.max_active_dims
+        result = self.embed_prompts(prompts, truncate=truncate, timeout_s=timeout_s, labels=labels,
+                                    truncation_direction=truncation_direction)
+        return SparseResult(vectors=[sparsify(v, top) for v in result.vectors], n_tokens=result.n_tokens,
+                            timings=result.timings)
+
     def maxsim(self, query: Sequence[str | int] | ImageInput, documents: Sequence[Sequence[str | int] | ImageInput], *,
                truncate: bool | None = None, timeout_s: float = 3600) -> RerankResult:
         """A multi-vector model's MaxSim score of the query against each document (engine/compute/maxsim.py), in
@@ -259,6 +342,12 @@ class Engine:
     def _embedded(self, token_lists: Sequence[list[int] | ImageInput | PreparedInput], info: ModelInfo,
                   truncate: bool | None, timeout_s: float, labels: Sequence[str] | None, embd_normalize: int,
                   dimensions: int | None, direction: str = "right") -> EmbedResult:
+        if info.is_sparse and embd_normalize != -1:
+            raise SparseOnly(f"this model ({info.architecture or info.model_type}) is a sparse (SPLADE) encoder: its "
+                             f"vectors span the vocabulary ({info.n_embd} entries, mostly zeros) and are not "
+                             f"normalized (TEI refuses `normalize` for SPLADE models too); ask for its sparse "
+                             f"vectors (POST /embed_sparse, Encoder.embed_sparse), or for raw dense ones "
+                             f"(normalize false, embd_normalize -1)")
         model = self._served()
         cut = self.options.truncate if truncate is None else truncate
         started = time.monotonic()
@@ -288,6 +377,8 @@ class Engine:
 
     def _require_embedder(self) -> ModelInfo:
         info = self.info
+        if info.is_classifier:
+            raise InvalidInput(CLASSIFIER_ROUTES.format(n=len(info.labels), what="not embeddings"))
         if info.is_reranker:
             raise InvalidInput("this server runs a reranker (rank pooling): it serves /rerank, not embeddings")
         return info
@@ -313,6 +404,8 @@ class Engine:
         reranker whose scores are already probabilities gives them either way, and refuses `sigmoid=False`.
         """
         info = self.info
+        if info.is_classifier:
+            raise InvalidInput(CLASSIFIER_ROUTES.format(n=len(info.labels), what="not relevance scores"))
         if not info.is_reranker:
             raise InvalidInput("this server runs an embedding model: start a reranker with --reranking")
         if instruction is not None and info.kind != registry.GENERATIVE_RERANKER:
@@ -395,6 +488,51 @@ class Engine:
         """The query or a document as the pair builder takes it, its images decoded (bounded) first."""
         parts = self._decoded(label, [item] if isinstance(item, str) else item)
         return _labelled(label, lambda: self._served().pairs.side(parts))
+
+    # -- classification ---------------------------------------------------------------------------
+    def classify(self, inputs: Sequence[str | tuple[str, str]], *, truncate: bool | None = None,
+                 truncation_direction: str = "right", raw_scores: bool = False,
+                 timeout_s: float = 3600) -> ClassifyResult:
+        """Score each input (a text, or a (text, text_pair) pair) with a sequence classifier's head: one score per
+        label, in label order (ModelInfo.labels). Probabilities unless `raw_scores` (the logits): softmax over the
+        labels, or each label's sigmoid for a multi-label head (engine/compute/labels.py). A one-label
+        cross-encoder is a classifier too (its sigmoid, label LABEL_0 unless its config names it), as in TEI.
+        An over-long text is cut on the `truncation_direction` side when `truncate` (None: the server's
+        --truncate) allows it, a pair longest-first as the tokenizer cuts pairs; else InputTooLong."""
+        info = self.info
+        if not (info.is_classifier or info.kind == registry.CROSS_ENCODER):
+            raise InvalidInput(f"this server runs {'a generative reranker' if info.is_reranker else 'an embedding model'} "
+                               f"({info.architecture or info.model_type}): label scores need a sequence classifier "
+                               f"(a *ForSequenceClassification checkpoint)")
+        model = self._served()
+        probabilities = model.scores_are_probabilities
+        if raw_scores and probabilities:
+            raise InvalidInput(f"this model ({info.architecture or info.model_type}) scores probabilities, not "
+                               "logits: it has no raw score to return without its activation")
+        self.check_count(len(inputs))
+        direction = fitting.truncation_direction(truncation_direction)
+        cut = self.options.truncate if truncate is None else truncate
+        started = time.monotonic()
+        singles = [i for i, item in enumerate(inputs) if isinstance(item, str)]
+        pair_at = [i for i, item in enumerate(inputs) if not isinstance(item, str)]
+        work: list[list[int]] = [[] for _ in inputs]
+        types: list[list[int]] = [[] for _ in inputs]
+        for i, ids in zip(singles, model.tokenizer.encode_batch([inputs[i] for i in singles]), strict=True):
+            work[i] = model.fitter.fit(ids, cut, direction)
+            types[i] = [0] * len(work[i])
+        for i, (ids, type_ids) in zip(pair_at, model.fitter.fit_text_pairs([inputs[i] for i in pair_at], cut),
+                                      strict=True):
+            work[i], types[i] = ids, type_ids
+        tokenize_s = time.monotonic() - started
+        results, timings = self._serve(work, types, timeout_s)
+        timings.tokenize_s = tokenize_s
+        labels = info.labels or ("LABEL_0",)
+        scores = []
+        for r in results:
+            logits = np.atleast_1d(np.asarray(r.value, dtype=np.float64))
+            row = logits if raw_scores or probabilities else label_scores(logits, info.multi_label)
+            scores.append([float(v) for v in row])
+        return ClassifyResult(scores=scores, labels=labels, n_tokens=[len(ids) for ids in work], timings=timings)
 
     # -- serving ----------------------------------------------------------------------------------
     def _serve(self, token_lists: list[list[int]], type_lists: list[list[int]] | None,

@@ -12,6 +12,7 @@ more pair and the document gets the best window's score (Engine.rerank).
 """
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 
 from engine.errors import EmptyInput, InvalidInput, InvalidTokens
@@ -70,6 +71,28 @@ def truncation_direction(value: object) -> str:
     return TRUNCATION_DIRECTIONS[value]
 
 
+def chunk_segments(starts: Sequence[int | None], kept: Sequence[int], chunk_starts: Sequence[int],
+                   first_char: int) -> list[tuple[int, ...]]:
+    """Late chunking's rows: for each chunk, the rows of the fitted input whose tokens start inside
+    it. `starts`: each token's character offset in the document (None: a special token, in no chunk); `kept`: the
+    positions the fit kept (row r is token kept[r]); `chunk_starts`: where each chunk begins among the document's
+    characters, the document's own text beginning at `first_char` (text before it, a prompt, is in no chunk).
+    A chunk no kept token starts in (empty, only spaces a neighbour's token takes, or cut off) is InvalidInput."""
+    bounds = [first_char + c for c in chunk_starts]
+    rows: list[list[int]] = [[] for _ in bounds]
+    for row, position in enumerate(kept):
+        start = starts[position]
+        if start is None or start < bounds[0]:
+            continue
+        rows[bisect.bisect_right(bounds, start) - 1].append(row)
+    for i, chunk_rows in enumerate(rows):
+        if not chunk_rows:
+            raise InvalidInput(f"chunk {i} starts no token of the document (it is empty, only spaces or marks a "
+                               f"neighbouring chunk's token takes, or truncation cut it off): join it to a "
+                               f"neighbour or drop it")
+    return [tuple(chunk_rows) for chunk_rows in rows]
+
+
 class InputFitter:
     """One loaded model's limits (`info`) applied to its inputs; `options`: the server's length options."""
 
@@ -91,15 +114,26 @@ class InputFitter:
     def fit(self, ids: list[int], truncate: bool, direction: str = "right") -> list[int]:
         """One tokenized input within the limit: cut (keeping the template's special tokens; `direction` "left"
         keeps the end, TEI's truncation_direction) or refused."""
+        if self._within(ids, truncate):
+            return ids
+        return self.tokenizer.truncate(ids, self.info.truncate_tokens, direction)
+
+    def fit_positions(self, ids: list[int], truncate: bool, direction: str = "right") -> list[int]:
+        """The positions of `ids` that fit keeps, in order, or fit's refusal."""
+        if self._within(ids, truncate):
+            return list(range(len(ids)))
+        return self.tokenizer.kept_positions(ids, self.info.truncate_tokens, direction)
+
+    def _within(self, ids: list[int], truncate: bool) -> bool:
+        """True when `ids` fits whole; False when it must be cut (truncate on); else the refusal."""
         if not ids:
             raise EmptyInput("Input content cannot be empty")
         self.known(ids)
         if len(ids) <= self.info.max_input_tokens:
-            return ids
-        if truncate:
-            return self.tokenizer.truncate(ids, self.info.truncate_tokens, direction)
-        self.too_long(len(ids))
-        return ids
+            return True
+        if not truncate:
+            self.too_long(len(ids))
+        return False
 
     def fit_prepared(self, label: str, prepared: PreparedInput, truncate: bool,
                      direction: str = "right") -> PreparedInput:
@@ -117,17 +151,20 @@ class InputFitter:
         return prepared
 
     def fit_pairs(self, query: str, documents: Sequence[str], truncate: bool) -> list[tuple[list[int], list[int]]]:
-        """(ids, token types) of every (query, document) pair; over-long pairs are cut (re-encoded with the
-        tokenizer's longest-first truncation) or refused."""
-        pairs = self.tokenizer.encode_pairs([(query, doc) for doc in documents])
-        too_long = [i for i, (ids, _) in enumerate(pairs) if len(ids) > self.info.max_input_tokens]
+        """(ids, token types) of every (query, document) pair, as fit_text_pairs."""
+        return self.fit_text_pairs([(query, doc) for doc in documents], truncate)
+
+    def fit_text_pairs(self, pairs: Sequence[tuple[str, str]], truncate: bool) -> list[tuple[list[int], list[int]]]:
+        """(ids, token types) of every (first, second) pair (a reranker's (query, document), a classifier's text
+        pair); over-long pairs are cut (re-encoded with the tokenizer's longest-first truncation) or refused."""
+        encoded = self.tokenizer.encode_pairs(list(pairs))
+        too_long = [i for i, (ids, _) in enumerate(encoded) if len(ids) > self.info.max_input_tokens]
         if too_long and not truncate:
-            self.too_long(len(pairs[too_long[0]][0]))
-        cut = self.tokenizer.encode_pairs([(query, documents[i]) for i in too_long],
-                                          max_length=self.info.truncate_tokens)
+            self.too_long(len(encoded[too_long[0]][0]))
+        cut = self.tokenizer.encode_pairs([pairs[i] for i in too_long], max_length=self.info.truncate_tokens)
         for i, fitted in zip(too_long, cut, strict=True):
-            pairs[i] = fitted
-        return pairs
+            encoded[i] = fitted
+        return encoded
 
     @property
     def pair_limit(self) -> int:

@@ -6,12 +6,17 @@ from __future__ import annotations
 import importlib
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from engine.checkpoint import Checkpoint
-from engine.compute.pipeline import CrossEncoderPipeline, EmbeddingPipeline, GenerativeRerankPipeline
+from engine.checkpoint import Checkpoint, Splade
+from engine.compute.pipeline import (
+    ClassifierPipeline,
+    CrossEncoderPipeline,
+    EmbeddingPipeline,
+    GenerativeRerankPipeline,
+)
 from engine.errors import UnsupportedCheckpoint
 from engine.families import kernels
 from engine.loading import formats, hub, registry
@@ -47,6 +52,7 @@ class ServedModel:
     chat: ChatInputs | None = None  # embedders whose texts go through their chat template
     images: ImageProcessor | None = None  # dual-encoders with an image tower only
     builder: InputBuilder | None = None  # vision-language families (engine/multimodal/inputs.py) only
+    pools_segments: bool = False  # the runner pools chunks of one input (late chunking)
 
 
 def load(opts: EngineOptions, lanes: int, blas_threads: int) -> tuple[Runner, ServedModel]:
@@ -56,13 +62,18 @@ def load(opts: EngineOptions, lanes: int, blas_threads: int) -> tuple[Runner, Se
     blas.set_budget(blas_threads)
     ckpt = formats.open_checkpoint(hub.resolve(opts.model_path, opts.hf_repo, opts.offline, opts.hf_file),
                                    label=opts.model_path or "")
+    ckpt = with_splade(ckpt, opts.pooling)
     rank_mode = opts.pooling is Pooling.RANK
     kind = ckpt.format.kind_of(ckpt, rank=rank_mode)
     if rank_mode and kind == registry.EMBEDDER:
         raise UnsupportedCheckpoint(
             f"{ckpt.path}: rank mode (--reranking / --pooling rank) needs a reranker checkpoint; "
             f"{ckpt.architecture or ckpt.model_type} is an embedding model")
-    if not rank_mode and kind != registry.EMBEDDER:
+    if kind == registry.CLASSIFIER and opts.pooling not in (None, Pooling.RANK):
+        raise UnsupportedCheckpoint(
+            f"{ckpt.path}: {ckpt.architecture} is a sequence classifier, scored by its own head; --pooling "
+            f"{opts.pooling.value} is not supported for it (start it with --reranking, or without a pooling)")
+    if not rank_mode and kind not in (registry.EMBEDDER, registry.CLASSIFIER):
         raise UnsupportedCheckpoint(
             f"{ckpt.path}: {ckpt.architecture} is a reranker ({kind}), not an embedding model; "
             f"start it with --reranking")
@@ -72,7 +83,8 @@ def load(opts: EngineOptions, lanes: int, blas_threads: int) -> tuple[Runner, Se
     chat = ChatInputs(ckpt) if embedder and ckpt.message_modality is not None else None
     tokenizer = ckpt.format.open_tokenizer(ckpt)
     loaded = formats.load(ckpt, kind, opts.dtype, opts.keep_quantized)
-    mode = registry.choose_pooling(opts.pooling, ckpt, loaded)
+    # a classifier's head pools as llama-server's rank pooling does (its first token, through the head)
+    mode = Pooling.RANK if kind == registry.CLASSIFIER else registry.choose_pooling(opts.pooling, ckpt, loaded)
     prompt = pairs = images = builder = None
     if kind == registry.GENERATIVE_RERANKER:
         if loaded.input_builder is not None:  # its prompts hold images (engine/multimodal/builders/<family>_reranker.py)
@@ -84,8 +96,11 @@ def load(opts: EngineOptions, lanes: int, blas_threads: int) -> tuple[Runner, Se
         runner: Runner = GenerativeRerankPipeline(loaded.model, yes_id, no_id, tokenizer.pad_id)
     elif kind == registry.CROSS_ENCODER:
         runner = CrossEncoderPipeline(loaded.model)
+    elif kind == registry.CLASSIFIER:
+        runner = ClassifierPipeline(loaded.model)
     else:
-        runner = EmbeddingPipeline(loaded.model, mode, loaded.projection)
+        runner = EmbeddingPipeline(loaded.model, mode, loaded.projection,
+                                   (ckpt.splade.strategy, ckpt.splade.activation) if ckpt.splade else ("max", "relu"))
         if loaded.input_builder is not None:
             builder = loaded.input_builder(ckpt, tokenizer)
             token_bounds = bound_image_tokens(builder, opts, loaded.family)
@@ -117,7 +132,10 @@ def load(opts: EngineOptions, lanes: int, blas_threads: int) -> tuple[Runner, Se
         image_tokens=loaded.image_tokens, image_token_bounds=token_bounds, vision_language=builder is not None,
         multi_vector=loaded.multi_vector, weights=loaded.weights, resident_bytes=loaded.resident_bytes,
         kernels=kernels.active().name,  # chosen by shapes.prepare, before the first pass
-        normalize_module=None if ckpt.format.name == "gguf" else "Normalize" in ckpt.module_types)
+        max_active_dims=ckpt.splade.max_active_dims if ckpt.splade is not None else None,
+        normalize_module=None if ckpt.format.name == "gguf" else "Normalize" in ckpt.module_types,
+        labels=served_labels(ckpt, kind),
+        multi_label=kind == registry.CLASSIFIER and registry.is_multi_label(ckpt))
     log.info("loaded %s (%s, %s, %s) in %.2f s: pooling %s, %d params, weights %s (%d bytes resident), "
              "per-input limit %d tokens, batches of up to %d rows / %d tokens, %d lanes sharing %d BLAS threads, "
              "BLAS: %s; %s",
@@ -129,7 +147,28 @@ def load(opts: EngineOptions, lanes: int, blas_threads: int) -> tuple[Runner, Se
                                fitter=InputFitter(tokenizer, info, opts, prompt, chat),
                                load_s=time.monotonic() - started,
                                scores_are_probabilities=loaded.scores_are_probabilities, prompt=prompt, pairs=pairs,
-                               chat=chat, images=images, builder=builder)
+                               chat=chat, images=images, builder=builder,
+                               pools_segments=getattr(runner, "pools_segments", False))
+
+
+def with_splade(ckpt: Checkpoint, flag: Pooling | None) -> Checkpoint:
+    """--pooling splade makes any masked-LM checkpoint a sparse encoder (TEI's: max over tokens, relu); another
+    --pooling serves a SparseEncoder's trunk as a dense embedder pooled that way; no flag: as its modules say."""
+    if flag is Pooling.SPLADE and ckpt.splade is None:
+        return replace(ckpt, splade=Splade())
+    if flag is not None and flag is not Pooling.SPLADE and ckpt.splade is not None:
+        return replace(ckpt, splade=None)
+    return ckpt
+
+
+def served_labels(ckpt: Checkpoint, kind: str) -> tuple[str, ...]:
+    """A classifier's labels; a cross-encoder's one label (LABEL_0 where its config does not name it: a GGUF)."""
+    if kind == registry.CLASSIFIER:
+        return registry.label_names(ckpt)
+    if kind == registry.CROSS_ENCODER:
+        names = registry.label_names(ckpt) if ckpt.format.name != "gguf" else ()
+        return names if len(names) == 1 else ("LABEL_0",)
+    return ()
 
 
 def bound_image_tokens(builder: object, opts: EngineOptions, family: str) -> tuple[int, int] | None:

@@ -6,9 +6,9 @@ future per item. Inputs from concurrent requests share forward passes (engine/ru
 A lane is a thread with its own MLX stream. MLX runs the ops of one stream on one thread, and only BLAS
 calls spread over more, so with two lanes (each one BLAS thread) two passes compute at once and both cores
 work on every op: softmax, GELU, LayerNorm and copies too (measured on 2 cores: 1.2-1.3x the tokens/s of
-one lane with two BLAS threads). The BLAS threads (-t) are shared out at each launch over the passes computing in
-the whole process (engine/runtime/blas.py): a pass computing alone gets them all (a single short request measured ~40%
-slower with one), passes computing together split them.
+one lane with two BLAS threads). At most -t lanes of the whole process compute at once, every engine's together, and the
+BLAS threads (-t) are shared out over the lanes computing (engine/runtime/blas.py): a lane computing alone gets them
+all (a single short request measured ~40% slower with one), lanes computing together split them.
 """
 from __future__ import annotations
 
@@ -46,6 +46,15 @@ class ImageWork:
     n_tokens: int
 
 
+@dataclass(frozen=True)
+class SegmentedWork:
+    """Late chunking: one document's token ids, evaluated alone, and its chunks' rows (engine/runtime/fitting.py
+    chunk_segments); its result is one pooled vector per chunk, [S, D]."""
+
+    ids: list[int]
+    segments: tuple[tuple[int, ...], ...]
+
+
 @dataclass
 class WorkItem:
     ids: list[int]
@@ -57,11 +66,12 @@ class WorkItem:
     future: Future = field(default_factory=Future)
     pixels: np.ndarray | None = None  # an image for a tower: it shares passes with other images only
     images: tuple[PreparedImage, ...] = ()  # a vision-language input's images (engine/multimodal/inputs.py): it runs alone
+    segments: tuple[tuple[int, ...], ...] = ()  # a late-chunked document's chunks (SegmentedWork): it runs alone
 
     @property
     def group(self) -> int:
         """Inputs of one group can share a forward pass (engine/runtime/scheduler.py)."""
-        if self.images:
+        if self.images or self.segments:
             return ALONE
         return TEXTS if self.pixels is None else IMAGES
 
@@ -86,8 +96,8 @@ class Worker:
     def __init__(self, load: Callable[[], tuple[Runner, int, BatchLimits]], max_queue_items: int,
                  name: str = "engine", lanes: int = 1):
         """`load` runs first on the engine thread and returns (runner, pad token id, fitted batch limits);
-        `lanes` threads then serve passes concurrently, each on its own MLX stream (engine/runtime/blas.py shares the
-        threads of -t out over the passes computing)."""
+        `lanes` threads then serve passes concurrently, each on its own MLX stream (engine/runtime/blas.py bounds the
+        lanes computing in the whole process by -t and shares its threads out over them)."""
         self._lanes = max(1, lanes)
         self._stats_lock = threading.Lock()  # lanes finish passes concurrently
         self._load = load
@@ -106,7 +116,7 @@ class Worker:
         _live.add(self)
 
     # -- request threads -------------------------------------------------------------------------
-    def submit(self, token_lists: list[list[int] | ImageWork | PreparedInput], deadline: float,
+    def submit(self, token_lists: list[list[int] | ImageWork | PreparedInput | SegmentedWork], deadline: float,
                type_lists: list[list[int]] | None = None) -> list[WorkItem]:
         """Queue every input of one request, or none of them (QueueFull)."""
         if not self.loaded.is_set() or self._runner is None:
@@ -192,16 +202,27 @@ class Worker:
         held a second batch back would keep it from an idle lane)."""
         two_stages = self._lanes == 1
         in_flight: _Launched | None = None
-        while (batch := self._take_batch(wait=in_flight is None)) is not None:
-            launched = self._launch(batch) if batch else None
+        computing = False  # holding one of the process's -t compute shares (engine/runtime/blas.py)
+        try:
+            while (batch := self._take_batch(wait=in_flight is None)) is not None:
+                if batch and not computing:
+                    blas.compute_started()  # may wait for another engine's lane: this lane holds no pass now
+                    computing = True
+                launched = self._launch(batch) if batch else None
+                if in_flight is not None:
+                    self._deliver(in_flight)
+                in_flight = launched
+                if not two_stages and in_flight is not None:
+                    self._deliver(in_flight)
+                    in_flight = None
+                if in_flight is None and computing:
+                    blas.compute_finished()
+                    computing = False
             if in_flight is not None:
-                self._finish(in_flight)
-            in_flight = launched
-            if not two_stages and in_flight is not None:
-                self._finish(in_flight)
-                in_flight = None
-        if in_flight is not None:
-            self._finish(in_flight)
+                self._deliver(in_flight)
+        finally:
+            if computing:
+                blas.compute_finished()
 
     def _take_batch(self, wait: bool) -> list[WorkItem] | None:
         """The next batch; [] when nothing waits and `wait` is false; None once closed."""
@@ -241,12 +262,13 @@ class Worker:
         batch = [item for item in batch if item.future.set_running_or_notify_cancel()]
         if not batch:
             return None
-        blas.pass_started()  # every launched pass is finished (and counted down) by _finish
         try:
             if batch[0].pixels is not None:  # the scheduler never mixes images and texts
                 return self._launch_images(batch)
             if batch[0].images:  # a vision-language input holding images: always alone in its pass
                 return self._launch_with_images(batch)
+            if batch[0].segments:  # a late-chunked document: alone too
+                return self._launch_segments(batch)
             return self._launch_texts(batch)
         except Exception as exc:  # assembling the batch failed: that batch fails, the lane keeps serving
             return _Launched(batch, None, time.monotonic(), max(item.n_tokens for item in batch), exc)
@@ -287,11 +309,12 @@ class Worker:
         collect = self._runner.launch_with_images(np.array([item.ids], dtype=np.int32), item.images)
         return _Launched(batch, collect, started, item.n_tokens)
 
-    def _finish(self, launched: _Launched) -> None:
-        try:
-            self._deliver(launched)
-        finally:
-            blas.pass_finished()
+    def _launch_segments(self, batch: list[WorkItem]) -> _Launched:
+        (item,) = batch
+        started = time.monotonic()
+        ids = np.array([item.ids], dtype=np.int32)
+        collect = self._runner.launch_segments(ids, np.zeros_like(ids), item.segments)
+        return _Launched(batch, collect, started, item.n_tokens)
 
     def _deliver(self, launched: _Launched) -> None:
         batch = launched.batch
@@ -325,14 +348,17 @@ class Worker:
             item.future.set_result(ItemResult(value, launched.started - item.enqueued, elapsed, pass_number))
 
 
-def _work_item(work: list[int] | ImageWork | PreparedInput, type_ids: list[int] | None, deadline: float,
-               now: float) -> WorkItem:
+def _work_item(work: list[int] | ImageWork | PreparedInput | SegmentedWork, type_ids: list[int] | None,
+               deadline: float, now: float) -> WorkItem:
     if isinstance(work, ImageWork):
         return WorkItem(ids=[], type_ids=None, deadline=deadline, n_tokens=work.n_tokens, enqueued=now,
                         pixels=work.pixels)
     if isinstance(work, PreparedInput):  # its ids already hold every image token: that is what it costs
         return WorkItem(ids=work.ids, type_ids=None, deadline=deadline, n_tokens=len(work.ids), enqueued=now,
                         images=work.images)
+    if isinstance(work, SegmentedWork):
+        return WorkItem(ids=work.ids, type_ids=None, deadline=deadline, n_tokens=len(work.ids), enqueued=now,
+                        segments=work.segments)
     return WorkItem(ids=work, type_ids=type_ids, deadline=deadline, n_tokens=len(work), enqueued=now)
 
 

@@ -148,15 +148,33 @@ class TextTokenizer:
         tokens the template prepended."""
         if len(ids) <= limit:
             return ids
+        return [ids[i] for i in self.kept_positions(ids, limit, direction)]
+
+    def kept_positions(self, ids: list[int], limit: int, direction: str = "right") -> list[int]:
+        """The positions of `ids` that truncate keeps, in order (late chunking maps its chunks through them)."""
+        n = len(ids)
+        if n <= limit:
+            return list(range(n))
         tail = self.trailing_specials
-        has_tail = bool(tail) and len(ids) >= len(tail) and ids[-len(tail):] == tail and limit > len(tail)
+        has_tail = bool(tail) and n >= len(tail) and ids[-len(tail):] == tail and limit > len(tail)
         if direction != "left":
-            return ids[: limit - len(tail)] + tail if has_tail else ids[:limit]
+            return [*range(limit - len(tail)), *range(n - len(tail), n)] if has_tail else list(range(limit))
         head = self.leading_specials
         tail = tail if has_tail else []
         if head and ids[:len(head)] == head and limit > len(head) + len(tail):
-            return head + ids[len(ids) - (limit - len(head)):]
-        return ids[len(ids) - limit:]
+            return [*range(len(head)), *range(n - (limit - len(head)), n)]
+        return list(range(n - limit, n))
+
+    def encode_with_starts(self, text: str) -> tuple[list[int], list[int | None]]:
+        """`text` encoded as encode() does (special tokens added and parsed), with the character offset where
+        each token starts in `text`; None for a special token (the template's, or one spelled out in the text)."""
+        encoding = self._parsing.encode(text, add_special_tokens=True)
+        starts: list[int | None] = []
+        for token_id, (start, stop), special, token in zip(encoding.ids, encoding.offsets,
+                                                           encoding.special_tokens_mask, encoding.tokens):
+            spelled = token_id in self._special_ids and text[start:stop] == token
+            starts.append(None if special or spelled else start)
+        return list(encoding.ids), starts
 
     def _special_edges(self) -> tuple[list[int], list[int]]:
         """The special tokens the template puts before and after a text's own tokens."""

@@ -2,6 +2,7 @@
 engines are fakes: routing by id and alias, defaults per route, errors, /models, load/unload, reload, metrics."""
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -64,6 +65,7 @@ class Engines:
         self.gated: set[str] = set()
         self.broken: set[str] = set()
         self.slow: set[str] = set()
+        self.sizes: dict[str, int] = {}  # resident bytes by folder name (default: the fake's 90868376)
 
     def __call__(self, options: EngineOptions) -> FakeEngine:
         name = Path(options.model_path).name
@@ -71,6 +73,8 @@ class Engines:
         cls = (BrokenEngine if name in self.broken else GatedEngine if name in self.gated
                else SlowLoadingEngine if name in self.slow else FakeEngine)
         engine = cls(kind=kind)
+        if name in self.sizes:
+            engine.info = dataclasses.replace(engine.info, resident_bytes=self.sizes[name])
         self.made.append((options, engine))
         return engine
 
@@ -105,7 +109,8 @@ class Server:
         self.engines = engines if engines is not None else Engines()
         settings = parse_settings(["--models-preset", str(self.preset), "--metrics", *argv], {},
                                   system_config_files=[])
-        self.residency = Residency(settings.models_max, engine_factory=self.engines)
+        self.residency = Residency(settings.models_max, engine_factory=self.engines,
+                                   memory_bytes=settings.models_memory)
         self.router = ModelRouter(settings, self.residency, read_catalog(settings))
         self.client = TestClient(create_app(settings, self.router))
 
@@ -175,7 +180,9 @@ def test_models_lists_every_model_with_its_kind_aliases_state_and_meta_once_load
     listing = server.client.simulate_get("/v1/models").json
     assert list(listing) == ["data", "object"] and listing["object"] == "list"
     minilm = listing["data"][0]
-    assert list(minilm) == ["id", "aliases", "tags", "object", "owned_by", "created", "status", "kind", "stats"]
+    assert list(minilm) == ["id", "aliases", "tags", "object", "owned_by", "created", "status", "kind", "memory_bytes",
+                            "stats"]
+    assert minilm["memory_bytes"] == 0
     assert (minilm["id"], minilm["aliases"], minilm["kind"], minilm["object"], minilm["owned_by"]) == (
         "minilm", ["text-embedding-3-small"], "embedding", "model", "llamacpp")
     assert minilm["status"] == {"value": "unloaded", "in_use": 0}
@@ -184,6 +191,7 @@ def test_models_lists_every_model_with_its_kind_aliases_state_and_meta_once_load
     assert models["minilm"]["status"]["value"] == "loaded" and models["tiny"]["status"]["value"] == "unloaded"
     assert models["minilm"]["meta"]["n_embd"] == 4 and "meta" not in models["tiny"]
     assert models["ce"]["kind"] == "rerank"
+    assert models["minilm"]["memory_bytes"] == 90868376 and models["tiny"]["memory_bytes"] == 0
     assert models["minilm"]["stats"] == {"requests": 1, "items": 1, "tokens": 4, "errors": 0, "queue_seconds": 0.002,
                                          "compute_seconds": 0.0125, "load_seconds": 0.125,
                                          "loaded_bytes": 90868376, "last_error": None}
@@ -306,3 +314,62 @@ def test_a_load_outlasting_the_timeout_is_a_504_not_a_503(server):
     assert res.status_code == 504
     assert res.json["error"]["message"] == "model 'tiny' did not finish loading within 3600 s"
     assert server.embed("minilm").status_code == 200  # other models are not held up
+
+
+def test_one_folder_under_two_names_is_loaded_once(tmp_path):
+    server = Server(tmp_path, "[first]\nmodel = /models/minilm\nalias = one,uno\n[second]\nmodel = /models/minilm/\n")
+    for name in ("first", "one", "uno", "second"):
+        assert server.embed(name).status_code == 200
+    assert len(server.engines.of("minilm")) == 1
+    models = server.models()
+    assert models["first"]["status"]["value"] == models["second"]["status"]["value"] == "loaded"
+
+
+def test_the_memory_budget_keeps_the_least_recently_used_out_and_refuses_a_model_alone_over_it(tmp_path):
+    engines = Engines()
+    engines.sizes = {"minilm": 600_000_000, "tiny": 300_000_000, "ce": 2_000_000_000}
+    server = Server(tmp_path, PRESET, "--models-memory", "1G", engines=engines)
+    assert server.embed("minilm").status_code == 200 and server.embed("tiny").status_code == 200
+    models = server.models()
+    assert (models["minilm"]["memory_bytes"], models["tiny"]["memory_bytes"]) == (600_000_000, 300_000_000)
+    res = server.rerank("ce")  # 2e9 bytes alone: over the 1 GiB budget, whatever is unloaded
+    assert res.status_code == 500
+    message = res.json["error"]["message"]
+    assert "2000000000 bytes" in message and "1073741824 bytes" in message and "--models-memory" in message
+    models = server.models()
+    assert models["ce"]["status"]["value"] == "failed" and models["ce"]["stats"]["last_error"] == message
+    assert models["ce"]["stats"]["requests"] == 1 and models["ce"]["stats"]["errors"] == 1
+    assert models["ce"]["memory_bytes"] == 0
+    assert server.embed("minilm").status_code == 200  # the others serve on
+    text = server.client.simulate_get("/metrics").text
+    assert 'mlx_embed:memory_bytes{model="minilm"} 600000000' in text
+
+
+def test_two_first_use_requests_under_a_budget_of_one_model_both_answer(tmp_path):
+    """Seed 003's race through the routes: two requests resolve different models before either has loaded."""
+    engines = Engines()
+    engines.gated = {"minilm", "tiny"}
+    server = Server(tmp_path, PRESET, "--models-memory", "100M", engines=engines)
+    with ThreadPoolExecutor(2) as pool:
+        answers = [pool.submit(server.embed, name) for name in ("minilm", "tiny")]
+        first, second = engines.first_made("minilm"), engines.first_made("tiny")
+        assert first.entered.wait(10) and second.entered.wait(10)  # both are computing on their own engine
+        first.gate.set()
+        second.gate.set()
+        assert [answer.result(10).status_code for answer in answers] == [200, 200]
+    loaded = [name for name, item in server.models().items() if item["status"]["value"] == "loaded"]
+    assert len(loaded) == 1 and len(engines.of("minilm")) == len(engines.of("tiny")) == 1
+
+
+def test_a_load_refused_by_the_budget_without_a_request_shows_its_error_in_models(tmp_path):
+    engines = Engines()
+    engines.sizes = {"ce": 2_000_000_000}
+    server = Server(tmp_path, PRESET, "--models-memory", "1G", engines=engines)
+    assert server.client.simulate_post("/models/load", json={"model": "ce"}).json == {"success": True}
+    engines.first_made("ce")
+    deadline = time.monotonic() + 10
+    while server.models()["ce"]["status"]["value"] != "failed":  # measured when its load ended
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    stats = server.models()["ce"]["stats"]
+    assert stats["requests"] == 0 and "2000000000 bytes resident" in stats["last_error"]

@@ -568,3 +568,19 @@ def test_offline_commands_pass_their_shared_options_to_the_engine_as_the_server_
                                       "threads": 3, "image_min_tokens": 64, "image_max_tokens": 256,
                                       "rerank_sigmoid": True}
     assert rerank.engine_settings().hf_repo == "org/name"  # the model reference goes to the loader, not here
+
+
+@pytest.mark.parametrize("text, value", [("0", 0), ("123456", 123456), ("4G", 4 * 2**30), ("512M", 512 * 2**20),
+                                         ("1.5GiB", 3 * 2**29), ("4GB", 4_000_000_000), ("2 k", 2048),
+                                         ("64KiB", 65536), ("1t", 2**40)])
+def test_models_memory_reads_bytes_or_a_unit(text, value):
+    assert parse(["--models-memory", text]).models_memory == value
+    assert parse(environ={"LLAMA_ARG_MODELS_MEMORY_FLOOR": text}).models_memory_floor == value
+
+
+def test_models_memory_from_a_config_file_and_its_errors(tmp_path):
+    settings = parse(files=[ini(tmp_path, "c.ini", "models-memory = 8G\nmodels-memory-floor = 2G\n")])
+    assert (settings.models_memory, settings.models_memory_floor) == (8 * 2**30, 2 * 2**30)
+    for text in ("1.5", "4Q", "G", "-1", "4 G B"):
+        with pytest.raises(SettingsError, match="invalid amount of memory"):
+            parse(["--models-memory", text])

@@ -245,6 +245,8 @@ def test_request_schemas_name_exactly_the_fields_the_parsers_read(client):
     assert _fields_read(tei.parse_similarity_request, similarity) == properties("TeiSimilarityRequest")
     assert _fields_read(tei.parse_tokenize_request, {"inputs": "a"}) == properties("TeiTokenizeRequest")
     assert _fields_read(tei.parse_decode_request, {"ids": [1]}) == properties("TeiDecodeRequest")
+    from compat.wire.sparse import parse_sparse_request
+    assert _fields_read(parse_sparse_request, {"inputs": "a"}) == properties("TeiEmbedSparseRequest")
 
 
 def test_embedding_routes_need_embedding_enabled(make_client):

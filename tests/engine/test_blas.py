@@ -1,5 +1,7 @@
-"""engine/runtime/blas.py: the BLAS threads of -t are shared over the passes computing in the whole process."""
+"""engine/runtime/blas.py: at most -t lanes of the whole process compute at once, sharing the BLAS threads of -t."""
 from __future__ import annotations
+
+import threading
 
 import pytest
 
@@ -17,15 +19,30 @@ def recorded(monkeypatch):
     return calls
 
 
-def test_a_pass_alone_gets_every_thread_and_passes_together_share_them(recorded):
-    blas.pass_started()  # one lane, or one engine of the process
-    blas.pass_started()  # another lane, or another engine
-    blas.pass_started()
+def test_a_lane_alone_gets_every_thread_and_lanes_together_share_them(recorded):
+    blas.compute_started()  # one lane, or one engine of the process
+    blas.compute_started()  # another lane, or another engine
+    blas.compute_started()
     assert recorded == [4, 4, 2, 1]
     for _ in range(3):
-        blas.pass_finished()
-    blas.pass_started()
+        blas.compute_finished()
+    blas.compute_started()
     assert recorded[-1] == 4
+    blas.compute_finished()
+
+
+def test_a_lane_beyond_t_waits_for_a_share(recorded):
+    for _ in range(4):
+        blas.compute_started()
+    fifth = threading.Thread(target=blas.compute_started)
+    fifth.start()
+    fifth.join(0.2)
+    assert fifth.is_alive()  # -t 4: a fifth lane computing would make 5 threads busy
+    blas.compute_finished()
+    fifth.join(5)
+    assert not fifth.is_alive() and blas._computing == 4
+    for _ in range(4):
+        blas.compute_finished()
 
 
 def test_no_budget_leaves_the_library_alone(monkeypatch):
@@ -33,6 +50,6 @@ def test_no_budget_leaves_the_library_alone(monkeypatch):
     monkeypatch.setattr(blas, "set_threads", calls.append)
     monkeypatch.setattr(blas, "_computing", 0)
     monkeypatch.setattr(blas, "_budget", 0)
-    blas.pass_started()
-    blas.pass_finished()
+    blas.compute_started()
+    blas.compute_finished()
     assert calls == []

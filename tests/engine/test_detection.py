@@ -47,8 +47,27 @@ def folder(root: Path, config: dict, files: dict | None = None) -> checkpoint.Ch
 ])
 @pytest.mark.parametrize("rank", [False, True])
 def test_encoders_are_what_their_architecture_says_in_either_mode(tmp_path, model_type, arch, kind, rank):
-    ckpt = folder(tmp_path, {"model_type": model_type, "architectures": [arch]})
+    # a one-label head's config.json names its label (transformers writes id2label whenever it is not the default 2)
+    ckpt = folder(tmp_path, {"model_type": model_type, "architectures": [arch], "id2label": {"0": "LABEL_0"}})
     assert registry.kind_of(ckpt, rank=rank) == kind
+
+
+@pytest.mark.parametrize("labels", [None, {"0": "negative", "1": "positive"}, {"0": "a", "1": "b", "2": "c"}])
+@pytest.mark.parametrize("rank", [False, True])
+def test_a_head_with_several_labels_is_a_classifier_in_either_mode(tmp_path, labels, rank):
+    """Without id2label or num_labels transformers builds its default two labels."""
+    config = {"model_type": "bert", "architectures": ["BertForSequenceClassification"],
+              **({"id2label": labels} if labels else {})}
+    ckpt = folder(tmp_path, config)
+    assert registry.kind_of(ckpt, rank=rank) == registry.CLASSIFIER
+    assert registry.label_names(ckpt) == (tuple(labels.values()) if labels else ("LABEL_0", "LABEL_1"))
+
+
+def test_id2label_keys_must_be_the_label_ids(tmp_path):
+    ckpt = folder(tmp_path, {"model_type": "bert", "architectures": ["BertForSequenceClassification"],
+                             "id2label": {"0": "a", "2": "b"}})
+    with pytest.raises(UnsupportedCheckpoint, match=r"id2label ids must be 0\.\.1"):
+        registry.kind_of(ckpt)
 
 
 @pytest.mark.parametrize("model_type,arch", [("nomic_bert", "NomicBertForSequenceClassification"),
@@ -113,7 +132,7 @@ NOMIC_AUTO_MAP = {"AutoConfig": "nomic-ai/nomic-bert-2048--configuration_hf_nomi
 ])
 def test_custom_code_of_a_class_a_family_implements_is_served(tmp_path, model_type, arch, auto_map, rank):
     ckpt = folder(tmp_path, {"model_type": model_type, "architectures": [arch], "auto_map": auto_map})
-    assert registry.kind_of(ckpt, rank=rank) in (registry.EMBEDDER, registry.CROSS_ENCODER)
+    assert registry.kind_of(ckpt, rank=rank) in (registry.EMBEDDER, registry.CROSS_ENCODER, registry.CLASSIFIER)
 
 
 @pytest.mark.parametrize("model_type,arch,auto_map,kind_key,cls", [

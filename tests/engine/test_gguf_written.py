@@ -445,13 +445,13 @@ def test_unsupported_tensor_types_and_architectures_are_named(tmp_path):
     from engine.errors import UnsupportedCheckpoint
 
     path = tmp_path / "iq4.gguf"
-    writer = gguf.GGUFWriter(str(path), "jina-bert-v2")
+    writer = gguf.GGUFWriter(str(path), "bloom")
     block_bytes = gguf.GGML_QUANT_SIZES[Q.IQ4_NL][1]
     writer.add_tensor("blk.0.ffn_up.weight", np.zeros((2, 2 * block_bytes), np.uint8), raw_dtype=Q.IQ4_NL)
     finish(writer)
     with pytest.raises(UnsupportedCheckpoint, match=r"'blk\.0\.ffn_up\.weight' has type IQ4_NL"):
         GGUFFile(path).array("blk.0.ffn_up.weight")
-    with pytest.raises(UnsupportedCheckpoint, match="GGUF architecture 'jina-bert-v2' is not supported"):
+    with pytest.raises(UnsupportedCheckpoint, match="GGUF architecture 'bloom' is not supported"):
         start_engine(path)
 
 
@@ -490,6 +490,22 @@ MODERNBERT_LAYER_NAMES = {"attn_norm": "attn_norm", "attn.Wqkv": "attn_qkv", "at
                           "mlp_norm": "ffn_norm", "mlp.Wi": "ffn_up", "mlp.Wo": "ffn_down"}
 
 
+def train_byte_level_bpe(specials: list[str], size: int = 600):
+    """A byte-level BPE of `size` tokens trained on the fixtures' corpus, `specials` first (ids 0..), as a
+    transformers fast tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from tests.engine.families.qwen3_fixture import CORPUS
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=size, special_tokens=specials,
+                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    return PreTrainedTokenizerFast(tokenizer_object=bpe)
+
+
 def write_modernbert_gguf(path: Path, head: dict[str, np.ndarray] | None = None):
     """A tiny random ModernBertModel as llama.cpp's converter writes one: arch `modern-bert`, a byte-level BPE
     vocabulary (pre `modern-bert`, [CLS] text [SEP] via add_bos/add_eos), the local window and global-layer period,
@@ -497,17 +513,9 @@ def write_modernbert_gguf(path: Path, head: dict[str, np.ndarray] | None = None)
     head: a ModernBertForSequenceClassification's head by GGUF name (`cls`, `cls.norm`, `cls.output`), written
     with no pooling_type, as the converter writes a reranker. Returns (transformers model, HF tokenizer)."""
     t = torch()
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import ModernBertConfig, ModernBertModel, PreTrainedTokenizerFast
+    from transformers import ModernBertConfig, ModernBertModel
 
-    from tests.engine.families.qwen3_fixture import CORPUS
-
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    bpe.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=600, special_tokens=MODERNBERT_SPECIALS,
-                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe)
+    tokenizer = train_byte_level_bpe(MODERNBERT_SPECIALS)
     vocab = tokenizer.get_vocab()
     t.manual_seed(0)
     config = ModernBertConfig(vocab_size=len(vocab), hidden_size=64, num_hidden_layers=4, num_attention_heads=4,

@@ -60,7 +60,7 @@ def test_model_type_alias(tmp_path):
                                         ("", registry.EMBEDDER),
                                         ("BertForSequenceClassification", registry.CROSS_ENCODER)])
 def test_kind_of_bert_architectures(tmp_path, arch, kind):
-    cfg = {"model_type": "bert", **({"architectures": [arch]} if arch else {})}
+    cfg = {"model_type": "bert", **({"architectures": [arch]} if arch else {}), "id2label": {"0": "LABEL_0"}}
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     assert registry.kind_of(formats.open_checkpoint(tmp_path)) == kind
 

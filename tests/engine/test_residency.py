@@ -15,7 +15,7 @@ import mlx.core as mx
 import pytest
 
 from engine import EngineOptions, ModelState, Residency
-from engine.errors import CheckpointNotFound, LoadFailed, NotLoaded
+from engine.errors import CheckpointNotFound, LoadFailed, ModelTooLarge, NotEnoughMemory, NotLoaded
 from engine.types import ModelInfo, Pooling, VocabType
 
 
@@ -64,6 +64,7 @@ class Factory:
         self.made: list[FakeEngine] = []
         self.gates: dict[str, threading.Event] = {}
         self.errors: dict[str, Exception] = {}
+        self.sizes: dict[str, int] = {}  # resident bytes by folder name (default: the info's size_bytes, 1000)
         self._lock = threading.Lock()
 
     def __call__(self, options: EngineOptions) -> FakeEngine:
@@ -72,6 +73,9 @@ class Factory:
             gate = threading.Event()
             gate.set()
         engine = FakeEngine(options, gate, self.errors.get(os.path.basename(options.model_path or "")))
+        size = self.sizes.get(os.path.basename(options.model_path or ""))
+        if size is not None:  # what its weights hold once loaded (measured at load)
+            engine.info = replace(engine.info, resident_bytes=size)
         with self._lock:
             self.made.append(engine)
         return engine
@@ -99,8 +103,8 @@ def models(tmp_path) -> dict[str, EngineOptions]:
 
 
 def make(factory: Factory, *, max_loaded: int = 0, idle_unload_s: float | None = None,
-         clock: Clock | None = None) -> Residency:
-    return Residency(max_loaded, idle_unload_s, engine_factory=factory, clock=clock or Clock(), tick_s=3600)
+         clock: Clock | None = None, **memory) -> Residency:
+    return Residency(max_loaded, idle_unload_s, engine_factory=factory, clock=clock or Clock(), tick_s=3600, **memory)
 
 
 def use(residency: Residency, options: EngineOptions) -> FakeEngine:
@@ -256,6 +260,149 @@ def test_an_explicit_unload_of_a_model_in_use_waits_for_its_request(models):
     assert residency.status(models["a"]).state is ModelState.UNLOADED and lease.engine.closed.is_set()
 
 
+# -- the memory budget -----------------------------------------------------------------------------------------
+def resident(factory: Factory) -> list[str]:
+    return sorted(os.path.basename(e.options.model_path) for e in factory.made if not e.closed.is_set())
+
+
+def test_the_memory_budget_unloads_the_least_recently_used_until_the_rest_fit(models):
+    factory = Factory()
+    factory.sizes = {"a": 1000, "b": 1000, "c": 1500}
+    clock = Clock()
+    residency = make(factory, memory_bytes=2500, clock=clock)
+    residency.configure(models.values())
+    for name in "ab":
+        use(residency, models[name])
+        clock.now += 1
+    assert resident(factory) == ["a", "b"]  # 2000 bytes: within 2500
+    use(residency, models["c"])  # measured at 1500: a (least recently used) goes; b and c hold 2500, within
+    assert resident(factory) == ["b", "c"]
+    assert residency.status(models["c"]).loaded_bytes == 1500  # the resident bytes, not the file size (info 1000)
+
+
+def test_a_model_is_counted_at_its_files_size_before_its_first_load(models, tmp_path):
+    """The room is made before the load starts, from the weight files on disk, so two never sit in memory."""
+    factory = Factory()
+    (tmp_path / "b" / "model.safetensors").write_bytes(b"\0" * 1500)
+    factory.sizes = {"a": 1000, "b": 1500}
+    factory.gates["b"] = gate = threading.Event()
+    residency = make(factory, memory_bytes=2000)
+    residency.configure(models.values())
+    use(residency, models["a"])
+    residency.load(models["b"])  # still loading: a is already unloaded
+    assert resident(factory) == ["b"]
+    gate.set()
+
+
+@pytest.mark.parametrize("release_first", ["a", "b"])
+def test_two_first_use_requests_under_a_budget_of_one_model_both_succeed_and_one_stays(models, release_first):
+    """Seed 003's race: each request resolved its model (and holds a lease) before it used it. Neither engine is
+    taken away from its request, neither request fails, and once both are released one model is resident."""
+    factory = Factory()
+    factory.sizes = {"a": 1000, "b": 1000}
+    factory.gates = {"a": threading.Event(), "b": threading.Event()}
+    residency = make(factory, memory_bytes=1500, clock=time.monotonic)
+    residency.configure([models["a"], models["b"]])
+    leases: dict[str, object] = {}
+    errors: list[BaseException] = []
+
+    def first_use(name: str) -> None:
+        try:
+            leases[name] = residency.acquire(models[name])
+        except BaseException as exc:  # noqa: BLE001 - the test reports it
+            errors.append(exc)
+
+    threads = [threading.Thread(target=first_use, args=(name,)) for name in "ab"]
+    for thread in threads:
+        thread.start()
+    while len(factory.made) < 2:  # both loads started: both models resolved before either finished
+        time.sleep(0.001)
+    for gate in factory.gates.values():
+        gate.set()
+    for thread in threads:
+        thread.join(10)
+    assert errors == [] and set(leases) == {"a", "b"}
+    for lease in leases.values():  # now each request uses the engine it resolved
+        assert lease.engine.is_loaded
+    other = "b" if release_first == "a" else "a"
+    leases[release_first].release()
+    assert not leases[other].engine.closed.is_set()
+    leases[other].release()
+    assert len(resident(factory)) == 1
+    assert not any(engine.closed_while_held for engine in factory.made)
+
+
+def test_many_requests_over_a_budget_of_one_model_never_leave_two_resident(models):
+    factory = Factory()
+    factory.sizes = {"a": 1000, "b": 1000, "c": 1000}
+    residency = make(factory, memory_bytes=1000, clock=time.monotonic)
+    residency.configure([models[name] for name in "abc"])
+    lock = threading.Lock()
+
+    def request(i: int) -> None:
+        with residency.acquire(models["abc"[i % 3]]) as engine:
+            with lock:
+                engine.holders += 1
+            time.sleep(0.001 * (i % 2))
+            assert engine.is_loaded
+            with lock:
+                engine.holders -= 1
+
+    with ThreadPoolExecutor(6) as pool:
+        list(pool.map(request, range(150)))
+    assert not any(engine.closed_while_held for engine in factory.made)
+    assert len(resident(factory)) == 1
+
+
+def test_a_model_alone_over_the_budget_is_refused_with_both_numbers(models):
+    factory = Factory()
+    factory.sizes = {"a": 4000}
+    residency = make(factory, memory_bytes=3000)
+    residency.configure([models["a"], models["b"]])
+    with pytest.raises(ModelTooLarge) as refused:
+        residency.acquire(models["a"])
+    assert "4000 bytes" in str(refused.value) and "3000 bytes" in str(refused.value)
+    assert factory.made[0].closed.is_set()
+    status = residency.status(models["a"])
+    assert status.state is ModelState.FAILED and status.last_error == str(refused.value)
+    with pytest.raises(ModelTooLarge):  # refused again from its measured size, without loading it again
+        residency.acquire(models["a"])
+    assert len(factory.made) == 1
+    use(residency, models["b"])  # the others are served as before
+
+
+def test_an_explicit_load_over_the_budget_is_measured_and_refused_without_a_request(models):
+    factory = Factory()
+    factory.sizes = {"a": 4000}
+    residency = make(factory, memory_bytes=3000)
+    residency.configure([models["a"]])
+    residency.load(models["a"])
+    assert factory.made[0].closed.wait(5)  # the load's own watcher measured it
+    assert residency.status(models["a"]).state is ModelState.FAILED
+
+
+def test_the_free_memory_floor_unloads_idle_models_and_refuses_what_cannot_fit(models, tmp_path):
+    factory = Factory()
+    for name in "bc":
+        (tmp_path / name / "model.safetensors").write_bytes(b"\0" * 1000)
+    factory.sizes = {"a": 1000, "b": 1000, "c": 1000}
+    available = [10_000]
+    clock = Clock()
+    residency = make(factory, memory_floor=5000, available=lambda: available[0], clock=clock)
+    residency.configure(models.values())
+    use(residency, models["a"])
+    clock.now += 1
+    available[0] = 5200  # b needs its 1000 bytes (its files) above the floor of 5000: a goes first
+    use(residency, models["b"])
+    assert resident(factory) == ["b"]
+    lease = residency.acquire(models["b"])
+    with pytest.raises(NotEnoughMemory) as refused:  # b is in use: nothing idle to unload
+        residency.acquire(models["c"])
+    assert "5000 bytes" in str(refused.value) and "5200 bytes are available" in str(refused.value)
+    lease.release()
+    assert resident(factory) == ["b"]
+
+
 # -- idle unloads -----------------------------------------------------------------------------------------------
 def test_models_idle_longer_than_the_timeout_are_unloaded(models):
     factory = Factory()
@@ -363,3 +510,10 @@ def test_unloading_a_real_model_gives_its_memory_back(minilm_path):
     assert mx.get_active_memory() - before < 0.05 * size
     assert mx.get_cache_memory() < 0.05 * size
     residency.close()
+
+
+def test_a_floor_where_the_system_does_not_report_its_free_memory_is_refused_up_front():
+    with pytest.raises(ValueError, match="--models-memory-floor"):
+        Residency(0, None, memory_floor=1, engine_factory=Factory(), available=lambda: None)
+    assert Residency(0, None, memory_floor=1, engine_factory=Factory(), available=lambda: 10).status(
+        EngineOptions(model_path="/nowhere")).state is ModelState.UNLOADED

@@ -394,7 +394,18 @@ class MeetingRunner(FakeRunner):
                 self.inside -= 1
 
 
-def test_two_lanes_compute_two_passes_at_once_and_split_one_request():
+@pytest.fixture
+def t_threads(monkeypatch):
+    """-t as the process's lanes see it (engine/runtime/blas.py), without touching the BLAS library."""
+    from engine.runtime import blas
+
+    monkeypatch.setattr(blas, "set_threads", lambda n: None)
+    monkeypatch.setattr(blas, "_computing", 0)
+    return lambda n: monkeypatch.setattr(blas, "_budget", n)
+
+
+def test_two_lanes_compute_two_passes_at_once_and_split_one_request(t_threads):
+    t_threads(2)
     runner = MeetingRunner(2)
     worker = Worker(lambda: (runner, PAD, BatchLimits(max_tokens=256, max_rows=64)), 1000, name="test-lanes",
                     lanes=2)
@@ -421,3 +432,47 @@ def test_threads_plan_bounds_lanes_and_blas_threads_by_t(threads, cpus, plan):
     from engine.runtime.threads import plan as threads_plan
 
     assert threads_plan(threads, cpus) == plan
+
+
+class CountingRunner(FakeRunner):
+    """Counts the passes computing at once over every engine that shares it."""
+
+    def __init__(self):
+        super().__init__()
+        self.lock = threading.Lock()
+        self.inside = 0
+        self.most_inside = 0
+
+    def __call__(self, ids, mask, type_ids, lengths):
+        with self.lock:
+            self.inside += 1
+            self.most_inside = max(self.most_inside, self.inside)
+        try:
+            time.sleep(0.02)
+            return super().__call__(ids, mask, type_ids, lengths)
+        finally:
+            with self.lock:
+                self.inside -= 1
+
+
+@pytest.mark.parametrize("t, lanes", [(2, 2), (1, 1)])
+def test_t_bounds_the_passes_of_every_engine_together(t_threads, t, lanes):
+    """Three models, each planned with its own lanes, computing at once: -t bounds them all together, as the
+    process-wide BLAS setting does (one lane with -t 1 also keeps its two stages without waiting on itself)."""
+    t_threads(t)
+    runner = CountingRunner()
+    limits = BatchLimits(max_tokens=8, max_rows=1)  # one input per pass: many passes
+    workers = [Worker(lambda: (runner, PAD, limits), 1000, name=f"model-{k}", lanes=lanes) for k in range(3)]
+    try:
+        for worker in workers:
+            assert worker.loaded.wait(10)
+        token_lists = [[k + 1] * 3 for k in range(8)]
+        items = [worker.submit(token_lists, FAR) for worker in workers]
+        for submitted in items:
+            for ids, item in zip(token_lists, submitted, strict=True):
+                np.testing.assert_array_equal(item.future.result(30).value, echo(ids))
+        assert 1 <= runner.most_inside <= t
+    finally:
+        for worker in workers:
+            worker.close()
+            worker.join(10)

@@ -207,6 +207,32 @@ def test_a_cap_of_one_under_overlapping_requests_then_idle_unload(tmp_path):
         np.testing.assert_allclose(embed(srv, texts, "cls"), want["cls"], atol=1e-5)  # and loads again
 
 
+def test_a_memory_budget_of_one_model_under_overlapping_first_uses_and_one_model_alone_over_it(tmp_path):
+    tiny_bytes = sum(f.stat().st_size for f in tiny_bert_dir().rglob("*.safetensors"))
+    (tmp_path / "models.ini").write_text(f"[mean]\nmodel = {tiny_bert_dir()}\n\n"
+                                         f"[cls]\nmodel = {tiny_bert_dir()}\npooling = cls\n\n"
+                                         f"[minilm]\nmodel = {minilm_dir()}\n", encoding="utf-8")
+    budget = tiny_bytes * 3 // 2  # one tiny BERT (float32: resident as its file), not two, and never MiniLM
+    with ServerProcess("--models-preset", str(tmp_path / "models.ini"), "--models-memory", str(budget),
+                       "--models-max", "0", "-t", "2", "--metrics") as srv:
+        texts = [f"text number {i}" for i in range(4)]
+        with ThreadPoolExecutor(4) as pool:  # first uses of both at once, then more overlapping requests
+            answers = list(pool.map(lambda i: embed(srv, texts, ("mean", "cls")[i % 2]), range(12)))
+        assert all(answer.shape == (4, 128) for answer in answers)
+        listed = models(srv)
+        loaded = [name for name, item in listed.items() if item["status"]["value"] == "loaded"]
+        assert len(loaded) == 1  # once released, the budget holds
+        resident = srv.get("/props", params={"model": loaded[0]}).json()["resident_bytes"]
+        assert listed[loaded[0]]["memory_bytes"] == listed[loaded[0]]["stats"]["loaded_bytes"] == resident > 0
+        assert metrics(srv)[f'mlx_embed:memory_bytes{{model="{loaded[0]}"}}'] == resident
+        res = srv.post("/v1/embeddings", {"input": "x", "model": "minilm"})
+        assert res.status_code == 500, res.text
+        message = res.json()["error"]["message"]
+        assert f"more than the whole memory budget of {budget} bytes" in message and "bytes resident" in message
+        assert models(srv)["minilm"]["status"]["value"] == "failed"
+        assert models(srv)["minilm"]["stats"]["last_error"] == message
+
+
 def test_config_errors_stop_the_start_naming_file_section_and_key(tmp_path):
     preset = tmp_path / "models.ini"
     preset.write_text(f"[*]\nubatch-size = 256\n[tiny]\nmodel = {tiny_bert_dir()}\nport = 9000\n", encoding="utf-8")

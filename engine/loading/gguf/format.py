@@ -71,6 +71,10 @@ class GGUFFormat:
         """The same families, weights named by the file's map; identity counted as llama.cpp does. Block
         formats are always dequantized at load (MLX has no kernels for GGML's blocks): keep_quantized does
         not apply."""
+        if checkpoint.splade is not None:
+            raise UnsupportedCheckpoint(f"{checkpoint.display_path}: SPLADE pooling is not supported for a GGUF file "
+                                        f"(its masked-LM head is not in llama.cpp's format); serve the "
+                                        f"sentence-transformers folder")
         model, trunk, name, projection = load.build(checkpoint, self.file, dtype)
         n_params, size = load.file_counts(self.file)
         resident = weights.size(model)[1] + (weights.size(projection)[1] if projection is not None else 0)

@@ -2,7 +2,8 @@
 
 The file keeps only what llama.cpp computes: one pooled token (ModernBERT: the mean of all tokens), then `cls`
 (dense + tanh; ModernBERT: dense + GELU in ggml's tanh approximation, then the `cls.norm` LayerNorm) when present,
-then `cls.output`. BERT conversions drop the checkpoint's pooler and serve every token type as 0, so their scores
+then `cls.output` (jina-bert-v2 rerankers: `cls` [1, n_embd] is the classifier, tanh'd, and there is no
+`cls.output`). BERT conversions drop the checkpoint's pooler and serve every token type as 0, so their scores
 are llama-server's, not the original checkpoint's. Qwen3 rerankers store the yes/no rows in `cls.output`
 and llama.cpp takes softmax(...)[0] = P(yes).
 """
@@ -24,17 +25,22 @@ _HEAD_KEYS = {"cls.weight": "cls.weight", "cls.bias": "cls.bias",
 
 class RankHead(nn.Module):
     def __init__(self, trunk: nn.Module, hidden: int, n_out: int, present: set[str], pooling: Pooling,
-                 softmax: bool, activation: Callable[[mx.array], mx.array] = mx.tanh, norm_eps: float = 1e-5):
+                 softmax: bool, activation: Callable[[mx.array], mx.array] = mx.tanh, norm_eps: float = 1e-5,
+                 cls_width: int | None = None):
         """present: the head tensors the file has (our names: cls.weight, cls_output.bias, ...); activation: after
-        `cls`; norm_eps: the `cls.norm` LayerNorm's (the file's layer_norm_epsilon, as llama.cpp's build_norm)."""
+        `cls`; norm_eps: the `cls.norm` LayerNorm's (the file's layer_norm_epsilon, as llama.cpp's build_norm);
+        cls_width: `cls`'s output width (default hidden; jina-bert-v2's `cls` is the classifier, and the file has
+        no `cls.output`)."""
         super().__init__()
         self.trunk = trunk
+        width = cls_width or hidden
         if "cls.weight" in present:
-            self.cls = nn.Linear(hidden, hidden, bias="cls.bias" in present)
+            self.cls = nn.Linear(hidden, width, bias="cls.bias" in present)
         if "cls_norm.weight" in present:
-            self.cls_norm = nn.LayerNorm(hidden, eps=norm_eps, bias="cls_norm.bias" in present)
+            self.cls_norm = nn.LayerNorm(width, eps=norm_eps, bias="cls_norm.bias" in present)
         self._activation = activation
-        self.cls_output = nn.Linear(hidden, n_out, bias="cls_output.bias" in present)
+        if "cls_output.weight" in present:
+            self.cls_output = nn.Linear(width, n_out, bias="cls_output.bias" in present)
         self._pooling = pooling
         self.scores_are_probabilities = softmax
 
@@ -46,7 +52,7 @@ class RankHead(nn.Module):
             x = self._activation(self.cls(x))
         if "cls_norm" in self:
             x = self.cls_norm(x)
-        scores = self.cls_output(x)
+        scores = self.cls_output(x) if "cls_output" in self else x
         return mx.softmax(scores, axis=-1) if self.scores_are_probabilities else scores
 
     @staticmethod

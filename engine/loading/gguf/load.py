@@ -29,8 +29,12 @@ FTYPE_NAMES = {0: "all F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0
 
 
 def is_reranker(gguf: GGUFFile) -> bool:
-    """A file with llama.cpp's classifier output: served with --reranking."""
-    return "cls.output.weight" in gguf.tensors
+    """A file with llama.cpp's classifier output (or the architecture's own classifier tensor, jina-bert-v2's
+    `cls`): served with --reranking."""
+    if "cls.output.weight" in gguf.tensors:
+        return True
+    mapping = for_architecture(gguf.architecture, "GGUF file")
+    return getattr(mapping, "RANK_TENSOR", None) in gguf.tensors
 
 
 def ftype(gguf: GGUFFile) -> str:
@@ -77,21 +81,31 @@ def build(checkpoint: Checkpoint, gguf: GGUFFile, dtype: str = "auto") -> tuple[
         else:
             raise UnsupportedCheckpoint(f"{checkpoint.path}: tensor {name!r} has no place in the "
                                         f"{mapping.FAMILY} family (GGUF architecture {gguf.architecture!r})")
+    if hasattr(mapping, "rename"):  # names that depend on the whole file (t5encoder's gated feed-forward)
+        trunk_weights = mapping.rename(trunk_weights, checkpoint.config)
     model: nn.Module = trunk
     weights = trunk.sanitize(trunk_weights)
     if is_reranker(gguf):
         hidden = int(checkpoint.config["hidden_size"])
-        n_out = head_weights["cls_output.bias"].shape[0] if "cls_output.bias" in head_weights else \
-            head_weights["cls_output.weight"].size // hidden
+        cls_width = head_weights["cls.weight"].size // hidden if "cls.weight" in head_weights else hidden
+        if "cls_output.weight" in head_weights:
+            n_out = head_weights["cls_output.bias"].shape[0] if "cls_output.bias" in head_weights else \
+                head_weights["cls_output.weight"].size // cls_width
+        else:  # jina-bert-v2: `cls` is the classifier itself
+            n_out = cls_width
         options = {"pooling": Pooling.LAST if mapping.CAUSAL else Pooling.CLS, "softmax": gguf.architecture == "qwen3"}
         if hasattr(mapping, "head_options"):  # an architecture llama.cpp scores its own way (modern-bert)
             options.update(mapping.head_options(checkpoint.config))
-        model = RankHead(trunk, hidden, n_out, present=set(head_weights), **options)
+        model = RankHead(trunk, hidden, n_out, present=set(head_weights), cls_width=cls_width, **options)
         weights = {**{f"trunk.{k}": v for k, v in weights.items()}, **head_weights}
         if mapping.FAMILY == "bert" and "cls.weight" not in head_weights:  # XLM-R conversions keep their head
             log.warning("%s: a BERT cross-encoder converted by llama.cpp has no pooler and no token types; it is "
                         "scored as llama-server scores it (classifier on the [CLS] state), which cannot reproduce "
                         "the original checkpoint's scores", checkpoint.path)
+        if "cls.weight" in head_weights and "cls_output.weight" not in head_weights:  # jina-reranker-v1
+            log.warning("%s: a jina reranker converted for llama.cpp has no pooler; it is scored as llama-server "
+                        "scores it (tanh of the classifier on the [CLS] state), which cannot reproduce the original "
+                        "checkpoint's scores", checkpoint.path)
     # ggml drops trailing dimensions of size 1 (a one-label classifier is stored as a vector): restore them
     expected = dict(tree_flatten(model.parameters()))
     weights = {k: v.reshape(expected[k].shape) if k in expected and v.shape != expected[k].shape

@@ -21,6 +21,10 @@ _LLAMA3 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{
 _QWEN2 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
           r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _DEFAULT = (r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", r"[0-9][0-9][0-9]")
+# Mistral's Tekken (Ministral 3, Mistral Nemo), as its tokenizer.json writes it
+_TEKKEN = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+           r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}"
+           r"| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 
 @dataclass(frozen=True)
@@ -37,6 +41,7 @@ _BPE_PRE: dict[str, _PreType] = {
     **dict.fromkeys(("llama3", "llama-v3", "llama-bpe", "falcon3", "jina-v5-nano"),
                     _PreType((_LLAMA3,), add_bos=True, ignore_merges=True)),
     **dict.fromkeys(("lfm2",), _PreType((_LLAMA3,))),  # llama3's regex, merges applied
+    **dict.fromkeys(("tekken",), _PreType((_TEKKEN,), add_bos=True, ignore_merges=True)),
     **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "megrez", "stablelm2", "f2llmv2"), _PreType((_QWEN2,))),
     **dict.fromkeys(("gpt-2", "phi-2", "jina-es", "jina-de", "jina-v2-es", "jina-v2-de", "modern-bert", "mpt",
                      "olmo", "exaone4"), _PreType((_GPT2,))),

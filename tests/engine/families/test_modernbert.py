@@ -242,12 +242,6 @@ def test_reranker_head_activation_is_classifier_activation(reranker):
     assert abs(hf_logit(other, ids) - hf_logit(ref, ids)) > 5 * ATOL
 
 
-def test_two_label_classifier_is_refused_with_its_row_count(tmp_path):
-    path = make_random_modernbert(tmp_path / "two", "ModernBertForSequenceClassification", seed=24, num_labels=2)
-    with pytest.raises(UnsupportedCheckpoint, match="its classifier has 2 rows"):
-        start_engine(path, pooling=Pooling.RANK)
-
-
 # -- pieces of the family file ------------------------------------------------------------------------------
 BASE = dict(vocab_size=10, hidden_size=8, num_hidden_layers=4, num_attention_heads=2, intermediate_size=16)
 

@@ -225,7 +225,7 @@ def test_two_label_classifier_is_refused_with_its_row_count(reranker, tmp_path):
     weights["classifier.out_proj.weight"] = np.concatenate([w, -w])
     weights["classifier.out_proj.bias"] = np.concatenate([b, -b])
     save_file(weights, str(two / "model.safetensors"), metadata={"format": "pt"})
-    with pytest.raises(UnsupportedCheckpoint, match="its classifier has 2 rows"):
+    with pytest.raises(UnsupportedCheckpoint, match="classifier head has 2 rows but config.json names 1 label"):
         formats.load(formats.open_checkpoint(two))  # what the engine's load runs (after the 17 MB tokenizer)
 
 
