@@ -124,9 +124,10 @@ def create_app(settings: Settings, engine: Engine | ModelRouter, lifecycle: Life
     if router is not None:  # llama's router-mode model management
         routes.update({"/models/load": ModelActionResource(router.load),
                        "/models/unload": ModelActionResource(router.unload)})
-    openapi = OpenApiResource()
+    openapi = OpenApiResource(models, settings, _version())
     routes["/openapi.json"] = openapi
     for path, resource in routes.items():
         app.add_route(path, resource)
-    openapi.document = openapi_document(app, settings, _version())  # every route declared, or this raises
+    openapi_document(app, settings, _version())  # every route declared, or this raises
+    openapi.app = app
     return app

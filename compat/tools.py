@@ -59,6 +59,11 @@ def cosine_matrix(vectors: np.ndarray) -> np.ndarray:
     return unit @ unit.T
 
 
+MULTI_VECTOR_NORMALIZE = ("--embd-normalize {value}: a multi-vector model's token vectors are each L2-normalized by "
+                          "the model, and used as they are (the server answers them so and /maxsim scores them "
+                          "so); no other normalization applies: leave --embd-normalize at its default")
+
+
 def embed_texts(command: EmbedCommand, out: TextIO) -> int:
     if given := command.corpus_flags_given():
         raise SettingsError(f"{', '.join(given)}: corpus mode options; give --input FILE (and --output)")
@@ -72,6 +77,8 @@ def embed_texts(command: EmbedCommand, out: TextIO) -> int:
         if encoder.info.multi_vector:
             if command.dimensions is not None:
                 raise SettingsError("--dimensions: a multi-vector model keeps its token vectors' full width")
+            if command.normalize_given():  # the server's embedding routes and /maxsim use the rows as they come
+                raise SettingsError(MULTI_VECTOR_NORMALIZE.format(value=command.embd_normalize))
             found = encoder.embed_token_vectors(command.prompt, images, batch_size=command.batch_size or None,
                                                 prompt_name=command.prompt_name, instruction=command.instruction)
             return _print_token_vectors(found.rows, found.n_tokens, labels, name, command.json_output, out)

@@ -13,7 +13,7 @@ from engine.compute.normalize import check_dimensions, normalize_embedding  # no
 from engine.compute.maxsim import maxsim  # noqa: E402
 from engine.compute.quantize import QUANTIZED_TYPES, dequantize, quantize  # noqa: E402
 from engine.loading.hub import default_model  # noqa: E402
-from engine.offline import Classifier, Encoder, Reranker  # noqa: E402
+from engine.offline import Classifier, Encoder, Reranker, token_vectors_reason  # noqa: E402
 from engine.resources import data_folder  # noqa: E402
 from engine.runtime.residency import Lease, Residency  # noqa: E402
 from engine.runtime.engine import Engine  # noqa: E402
@@ -38,4 +38,4 @@ __all__ = ["DEFAULT_MODEL_NAME", "QUANTIZED_TYPES", "Classifier", "ClassifyResul
            "EngineOptions", "ImageInput", "Lease", "ModelInfo", "ModelState", "Pooling", "RerankResult", "Reranker",
            "Residency", "ResidencyStatus", "SparseResult", "SparseVector", "Timings",
            "VocabType", "check_dimensions", "data_folder", "default_model", "dequantize", "errors", "maxsim",
-           "normalize_embedding", "quantize"]
+           "normalize_embedding", "quantize", "token_vectors_reason"]

@@ -17,6 +17,7 @@ import numpy as np
 
 from engine.compute.normalize import check_dimensions
 from engine.errors import InputTooLong, InvalidInput
+from engine.runtime import loader
 from engine.runtime.engine import Engine
 from engine.types import EngineOptions, ImageInput, ModelInfo, Pooling, RerankItem, SparseVector
 
@@ -36,6 +37,14 @@ def model_options(ref: str | Path, **options: Any) -> EngineOptions:
     if isinstance(options.get("pooling"), str):
         options["pooling"] = Pooling(options["pooling"])
     return EngineOptions(model_path=text if local else None, hf_repo=None if local else text, **options)
+
+
+def token_vectors_reason(ref: str | Path, **options: Any) -> str | None:
+    """Why the model `ref` names (with these EngineOptions fields) gives one vector per token rather than one per
+    text, read from its configuration files without loading its weights; None when it gives one per text (or
+    its family is not known here: loading it says why). A multi-vector (late-interaction) family, or pooling
+    none. A corpus job asks before it writes anything."""
+    return loader.token_vectors_reason(model_options(ref, **options))
 
 
 def normalization(normalize: bool | int) -> int:

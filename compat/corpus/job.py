@@ -16,6 +16,7 @@ from compat.corpus.groups import Group, chunks
 from compat.corpus.output import PartStore
 from compat.settings import EmbedCommand, SettingsError
 from compat.tools import model_ref
+from engine import Pooling, token_vectors_reason
 
 
 def job_description(command: EmbedCommand, name: str, ref: str, reader: CorpusReader) -> dict[str, Any]:
@@ -88,6 +89,18 @@ def describe_failure(source: Path, word: str, number: int, row_id: str | int, re
     return f"{source}: {word} {number}{named}: {reason}"
 
 
+def check_one_vector_per_row(command: EmbedCommand, ref: str, name: str) -> None:
+    """A corpus file gets one vector per row: a model that gives one per token (a multi-vector model, or
+    --pooling none) is refused before anything is loaded or written, on Ray as in this process."""
+    reason = token_vectors_reason(ref, **command.engine_kwargs())
+    if reason is None:
+        return
+    advice = ("give --pooling mean (or cls, last) for one vector per row" if command.pooling is Pooling.NONE else
+              "serve it (mlx-embed-server) for its token vectors and /maxsim scores")
+    raise SettingsError(f"--input: {name} {reason}, and a corpus run writes one vector per row; nothing was "
+                        f"written: {advice}")
+
+
 def run_command(command: EmbedCommand, progress_to: TextIO = sys.stderr) -> int:
     """mlx-embed --input FILE --output OUT.parquet: exit status 0, or 1 when any row failed."""
     if command.prompt:
@@ -101,6 +114,7 @@ def run_command(command: EmbedCommand, progress_to: TextIO = sys.stderr) -> int:
         raise SettingsError(f"--input {source}: no such file")
     output = Path(command.output)
     ref, name = model_ref(command, bundled_default=True)
+    check_one_vector_per_row(command, ref, name)
     started = time.monotonic()
     reader = CorpusReader(source, command.text_field, command.id_field)
     job = job_description(command, name, ref, reader)

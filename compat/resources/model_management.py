@@ -25,31 +25,39 @@ NO_DOWNLOADS = ("POST /models downloads a model in llama-server; here, add the m
 
 
 class ModelsResource:
-    """GET /models and /v1/models; `?reload=1` (on GET as llama has it, or on POST) re-reads the configuration
-    first, and a configuration that does not read is 400 with the previous one still served."""
+    """GET /models and /v1/models; several models: `?reload=1` (on GET as llama's router has it, or on POST)
+    re-reads the configuration first, and a configuration that does not read is 400 with the previous one still
+    served. One model: GET ignores ?reload, as a one-model llama-server does; POST is 501."""
 
     def __init__(self, models: Models):
         self._models = models
 
+    def _reload(self) -> None:
+        try:
+            self._models.reload()  # one model: 501, there is nothing to reload
+        except SettingsError as exc:
+            raise bad_request(f"the configuration was not reloaded: {exc}") from None
+
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
-        if req.get_param("reload"):
-            try:
-                self._models.reload()
-            except SettingsError as exc:
-                raise bad_request(f"the configuration was not reloaded: {exc}") from None
-        created = int(time.time())
-        if self._models.router_mode:
-            resp.media = render_router_models_response(self._models.describe(), created=created)
-            return
-        with self._models.lease(None, lambda: None, count=False) as served:
-            resp.media = render_models_response(served.settings, served.engine.info, created=created)
+        if self._models.router_mode and req.get_param("reload"):
+            self._reload()
+        self._list(resp)
 
     on_head = on_get
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         if not req.get_param("reload"):
             raise not_supported(NO_DOWNLOADS)
-        self.on_get(req, resp)
+        self._reload()
+        self._list(resp)
+
+    def _list(self, resp: falcon.Response) -> None:
+        created = int(time.time())
+        if self._models.router_mode:
+            resp.media = render_router_models_response(self._models.describe(), created=created)
+            return
+        with self._models.lease(None, lambda: None, count=False) as served:
+            resp.media = render_models_response(served.settings, served.engine.info, created=created)
 
 
 class PropsResource:

@@ -17,6 +17,7 @@ from compat.routing import EMBEDDINGS_DISABLED, Models, Served
 from compat.wire.tei import (
     TeiError,
     check_embed_all,
+    check_similarity,
     is_similarity,
     parse_decode_request,
     parse_embed_request,
@@ -51,6 +52,7 @@ def _embed(served: Served, body: dict, *, per_token: bool) -> list:
 
 
 def _similarity(served: Served, body: dict) -> list[float]:
+    check_similarity(served.engine.info)
     request = parse_similarity_request(body)
     _check_batch(served, len(request.sentences) + 1)
     result = embed_request_prompts(served, [[request.source], *([s] for s in request.sentences)],

@@ -128,6 +128,11 @@ class EmbedCommand(_ModelOptions):
         return {"normalize": self.embd_normalize, "dimensions": self.dimensions, "prompt_name": self.prompt_name,
                 "instruction": self.instruction, "batch_size": self.batch_size or None}
 
+    def normalize_given(self) -> bool:
+        """--embd-normalize set away from its default (2: Euclidean)."""
+        return any(opt.field == "embd_normalize" and self.embd_normalize != opt.default
+                   for opt in command_options(EmbedCommand))
+
     def corpus_flags_given(self) -> list[str]:
         """The corpus-mode options (--output, --resume, --ray, ...) set away from their defaults: without --input
         they would do nothing, so the command refuses them."""

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from compat.errors import bad_request
+from compat.wire.inputs import whole
 from compat.wire.score import parse_pooling_fields
 from compat.wire.tei import BAD_DIRECTION, EMPTY_INPUTS, TeiError
 from engine.types import ClassifyResult
@@ -98,7 +99,7 @@ def parse_predict_request(body: dict[str, Any]) -> PredictRequest:
     function = params.get("function_to_apply")
     if function is not None and function not in ("sigmoid", "softmax", "none"):
         raise TeiError("Validation", BAD_FUNCTION, status=422)
-    top_k = params.get("top_k")
+    top_k = whole(params.get("top_k"))
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
         raise TeiError("Validation", BAD_TOP_K, status=422)
     return PredictRequest(inputs=inputs, batch=batch, truncate=truncate,

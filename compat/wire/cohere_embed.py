@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from compat.errors import ApiError
-from compat.wire.inputs import BAD_LATE_CHUNKING
+from compat.wire.inputs import BAD_LATE_CHUNKING, whole
 from engine import QUANTIZED_TYPES, quantize
 from engine.types import EmbedResult
 
@@ -104,7 +104,7 @@ def parse_cohere_embed_request(body: dict[str, Any], *, version: int, width: int
     elif version == 2:
         types = ("float",)
 
-    dimensions = body.get("output_dimension")
+    dimensions = whole(body.get("output_dimension"))
     if dimensions is not None and (isinstance(dimensions, bool) or not isinstance(dimensions, int)
                                    or not 1 <= dimensions <= width):
         raise _bad(BAD_OUTPUT_DIMENSION.format(width=width))

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from compat.errors import bad_request
-from compat.wire.inputs import Prompt, parse_input_prompts, parse_late_chunking, parse_truncation_direction
+from compat.wire.inputs import Prompt, parse_input_prompts, parse_late_chunking, parse_truncation_direction, whole
 from engine import QUANTIZED_TYPES, check_dimensions, quantize
 from engine.types import EmbedResult
 
@@ -66,7 +66,7 @@ def parse_embeddings_request(body: dict[str, Any], *, oai_route: bool, default_n
     if not isinstance(encoding_format, str) or encoding_format not in ENCODING_FORMATS:
         raise bad_request(BAD_FORMAT)
 
-    embd_normalize = body.get("embd_normalize", default_normalize)
+    embd_normalize = whole(body.get("embd_normalize", default_normalize))
     if not isinstance(embd_normalize, int) or isinstance(embd_normalize, bool):
         raise bad_request('"embd_normalize" must be an integer')
 
@@ -80,7 +80,7 @@ def parse_embeddings_request(body: dict[str, Any], *, oai_route: bool, default_n
     instruction = body.get("instruction")
     if instruction is not None and (not isinstance(instruction, str) or not instruction):
         raise bad_request(BAD_INSTRUCTION)
-    dimensions = body.get("dimensions")
+    dimensions = whole(body.get("dimensions"))
     check_dimensions(dimensions, width, multi_vector)
 
     model = body.get("model")

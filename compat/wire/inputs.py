@@ -116,16 +116,26 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
     return body
 
 
+def whole(value: Any) -> Any:
+    """A JSON number without a fraction (2.0, 2e3) as the integer it is, as JSON Schema's "integer" (and so the
+    OpenAPI document) reads it, and as llama's nlohmann reads 2.0 where it wants an int; anything else as it is."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
 def is_token(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)  # JSON true/false are not token ids
+    """An integer (a whole float too: see `whole`); JSON true/false are not token ids."""
+    value = whole(value)
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def parse_mixed_prompt(value: Any) -> Prompt:
     """A string, or a list of strings and token ids, as ONE prompt (llama's tokenize_mixed)."""
     if isinstance(value, str):
         return [value]
-    if isinstance(value, list) and all(isinstance(part, str) or is_token(part) for part in value):
-        return list(value)
+    if isinstance(value, list):
+        parts = [whole(part) for part in value]
+        if all(isinstance(part, str) or (isinstance(part, int) and not isinstance(part, bool)) for part in parts):
+            return parts
     raise bad_request(BAD_ELEMENTS)
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from compat.errors import ApiError, bad_request
-from compat.wire.inputs import parse_late_chunking, parse_truncation_direction
+from compat.wire.inputs import parse_late_chunking, parse_truncation_direction, whole
 from engine.types import EmbedResult, ModelInfo, VocabType
 
 LATEST = ":latest"
@@ -122,7 +122,7 @@ def parse_embed_request(body: dict[str, Any], width: int) -> OllamaEmbedRequest:
         truncate = True
     if not isinstance(truncate, bool):
         raise bad_request('"truncate" must be a boolean')
-    dimensions = body.get("dimensions")
+    dimensions = whole(body.get("dimensions"))
     if dimensions is not None and (not isinstance(dimensions, int) or isinstance(dimensions, bool)):
         raise bad_request('"dimensions" must be an integer')
     _options(body)

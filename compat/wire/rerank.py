@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Union
 
 from compat.errors import ApiError, bad_request
-from compat.wire.inputs import MULTIMODAL, MediaRef, Prompt, has_media, parse_media_item
+from compat.wire.inputs import MULTIMODAL, MediaRef, Prompt, has_media, parse_media_item, whole
 from engine.types import RerankResult
 
 NO_QUERY = '"query" must be provided'
@@ -138,6 +138,7 @@ def _flag(body: dict[str, Any], key: str, default: bool | None) -> bool | None:
 def _top_n(value: Any, n_documents: int) -> int | None:
     if value is None:  # Cohere and Jina send null for "all"
         return None
+    value = whole(value)
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise bad_request(BAD_TOP_N)
     return min(value, n_documents)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from compat.wire.inputs import Prompt
+from compat.wire.inputs import Prompt, whole
 from compat.wire.tei import TeiError, _prompt_name, _prompts, _truncation
 from engine.types import SparseResult
 
@@ -34,7 +34,7 @@ class SparseRequest:
 def parse_sparse_request(body: dict[str, Any]) -> SparseRequest:
     prompts = _prompts(body.get("inputs"))
     truncate, left = _truncation(body)
-    top = body.get("max_active_dims")
+    top = whole(body.get("max_active_dims"))
     if top is not None and (isinstance(top, bool) or not isinstance(top, int) or top <= 0):
         raise TeiError("Validation", BAD_MAX_ACTIVE_DIMS, status=422)
     return SparseRequest(prompts, truncate, _prompt_name(body), left, top)

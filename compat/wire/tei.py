@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from compat.errors import ApiError, api_error_from_engine
-from compat.wire.inputs import Prompt, is_token, parse_input_prompts
+from compat.wire.inputs import Prompt, is_token, parse_input_prompts, whole
 from engine import check_dimensions
 from engine.errors import (
     EmptyInput,
@@ -43,6 +43,8 @@ from engine.errors import (
 )
 from engine.types import EmbedResult, ModelInfo, Pooling, TokenSpan
 
+PER_TOKEN_SIMILARITY = ("/similarity compares one vector per sentence; this model gives one vector per token "
+                        "(--pooling none, or a multi-vector model): serve it with a pooling (mean, cls, last)")
 LATE_CHUNKING_EMBED_ALL = ('"late_chunking" pools each chunk\'s token rows into one vector; /embed_all answers the '
                            'rows themselves: late-chunk on /embed')
 BAD_DIRECTION = '"truncation_direction" must be "Right" or "Left"'
@@ -161,7 +163,7 @@ def parse_embed_request(body: dict[str, Any], *, width: int, per_token: bool = F
             raise TeiError("Validation", LATE_CHUNKING_EMBED_ALL, status=422)
         return TeiEmbedRequest(prompts, -1, truncate, prompt_name, None, left)
     normalize = _bool(body, "normalize", True)
-    dimensions = body.get("dimensions")
+    dimensions = whole(body.get("dimensions"))
     try:
         check_dimensions(dimensions, width)
     except EngineError as exc:
@@ -172,6 +174,12 @@ def parse_embed_request(body: dict[str, Any], *, width: int, per_token: bool = F
 def render_embed_response(result: EmbedResult) -> list[np.ndarray]:
     """[[float]] for /embed; [[[float]]] (each input's rows) for /embed_all."""
     return [np.asarray(vector, dtype=np.float64) for vector in result.vectors]
+
+
+def check_similarity(info: ModelInfo) -> None:
+    """/similarity compares one vector per sentence: a model giving one per token cannot answer it."""
+    if info.pooling is Pooling.NONE or info.multi_vector:
+        raise TeiError("Backend", PER_TOKEN_SIMILARITY)
 
 
 def check_embed_all(info: ModelInfo) -> None:
@@ -285,4 +293,5 @@ def parse_decode_request(body: dict[str, Any]) -> TeiDecodeRequest:
             raise TeiError("Validation", '"ids" must be a list of token ids, or a list of such lists', status=422)
     if not any(batch):
         raise TeiError("Empty", "`ids` cannot be empty")
-    return TeiDecodeRequest(batch, bool(_bool(body, "skip_special_tokens", True)))
+    return TeiDecodeRequest([[whole(t) for t in one] for one in batch],
+                            bool(_bool(body, "skip_special_tokens", True)))

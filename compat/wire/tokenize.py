@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from compat.errors import bad_request
-from compat.wire.inputs import Prompt, is_token, parse_mixed_prompt
+from compat.wire.inputs import Prompt, is_token, parse_mixed_prompt, whole
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ def parse_detokenize_request(body: dict[str, Any]) -> list[int]:
     tokens = body.get("tokens", [])
     if not isinstance(tokens, list) or not all(is_token(t) for t in tokens):
         raise bad_request('"tokens" must be a list of token ids')
-    return tokens
+    return [whole(t) for t in tokens]
 
 
 def render_detokenize_response(text: str) -> dict[str, Any]:

@@ -3,6 +3,7 @@ checked against the server's mode, its pooling chosen, the runner built with the
 builders the request side uses, the shapes fitted to memory, and the ModelInfo the server reports."""
 from __future__ import annotations
 
+import importlib
 import logging
 import time
 from dataclasses import dataclass, replace
@@ -207,3 +208,22 @@ def _single_token(tokenizer: TextTokenizer, word: str, ckpt: Checkpoint) -> int:
         raise UnsupportedCheckpoint(f"{ckpt.path}: {word!r} is {len(ids)} tokens for this tokenizer; the yes/no "
                                     f"reranker recipe needs it to be exactly one")
     return ids[0]
+
+
+def token_vectors_reason(opts: EngineOptions) -> str | None:
+    """Why the model `opts` names gives one vector per token rather than one per input (a multi-vector family, or
+    pooling none), read from its configuration files without loading its weights; None when it gives one per
+    input, or its family is not known here (loading it says why)."""
+    if opts.pooling is Pooling.NONE:
+        return "pooling none gives one vector per token"
+    path = hub.resolve(opts.model_path, opts.hf_repo, opts.offline, opts.hf_file)
+    if formats.format_of(path) is not formats.SafetensorsFormat:
+        return None  # a GGUF: llama.cpp's families pool
+    checkpoint = formats.open_checkpoint(path, label=opts.model_path or "")
+    try:
+        family = importlib.import_module(f"engine.families.{registry.family_name(checkpoint)}")
+    except ImportError:
+        return None
+    if getattr(registry.model_class(family, checkpoint), "multi_vector", False):
+        return "is a multi-vector (late-interaction) model: it gives one vector per token"
+    return None

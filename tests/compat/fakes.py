@@ -10,7 +10,7 @@ import numpy as np
 from engine.compute.normalize import finish
 from engine.errors import EmptyInput, InputTooLong, InvalidInput, InvalidTokens, TooManyInputs
 from engine.text.prompts import format_prompts
-from engine.types import EmbedResult, ImageInput, ModelInfo, Pooling, RerankResult, Timings, TokenSpan, VocabType
+from engine.types import ClassifyResult, EmbedResult, ImageInput, ModelInfo, Pooling, RerankResult, Timings, TokenSpan, VocabType
 
 CLS, SEP = 101, 102
 N_VOCAB = 1000
@@ -128,6 +128,26 @@ class FakeEngine:
                           embd_normalize=embd_normalize, dimensions=dimensions,
                           truncation_direction=truncation_direction)
 
+    def embed_late_chunks(self, chunks: Sequence[str], *, truncate: bool | None = None, timeout_s: float = 3600,
+                          prompt_name: str | None = None, instruction: str | None = None, embd_normalize: int = -1,
+                          dimensions: int | None = None, truncation_direction: str = "right") -> EmbedResult:
+        """Engine.embed_late_chunks on the fake: each chunk's words pooled (a chunk without a word, or a document
+        over the limit without truncation, refused as the engine refuses them)."""
+        if self.info.is_reranker:
+            raise InvalidInput("this server runs a reranker (rank pooling): it serves /rerank, not embeddings")
+        if self.info.pooling is Pooling.NONE:
+            raise InvalidInput("this model cannot late-chunk: its pooling is 'none'")
+        ids = [[word_id(word) for word in chunk.split()] for chunk in chunks]
+        if not chunks or any(not chunk_ids for chunk_ids in ids):
+            raise InvalidInput("late chunking: a chunk has no token")
+        n = sum(map(len, ids)) + 2
+        if n > self.info.max_input_tokens and not truncate:
+            raise InputTooLong(n, self.info.max_input_tokens, self.limit_kind)
+        vectors = [finish(pooled_vector(chunk_ids), embd_normalize, dimensions) for chunk_ids in ids]
+        return EmbedResult(vectors=vectors, n_tokens=[len(chunk_ids) + (2 if i == 0 else 0)
+                                                      for i, chunk_ids in enumerate(ids)],
+                           timings=Timings(tokenize_s=0.0, queue_s=0.002, inference_s=0.0125))
+
     def embed(self, token_lists: list[list[int]], *, truncate: bool | None = None, timeout_s: float = 3600,
               embd_normalize: int = -1, dimensions: int | None = None, truncation_direction: str = "right") -> EmbedResult:
         """Vectors finished as the engine finishes them (engine.compute.normalize.finish); a cut input keeps
@@ -155,6 +175,11 @@ class FakeEngine:
         self.counters["n_decode_total"] += 1
         return EmbedResult(vectors=vectors, n_tokens=[len(ids) for ids in kept],
                            timings=Timings(tokenize_s=0.0, queue_s=0.002, inference_s=0.0125))
+
+    def maxsim(self, query, documents, *, truncate: bool | None = None, timeout_s: float = 3600) -> RerankResult:
+        """The engine's refusal: the fake is no multi-vector model."""
+        raise InvalidInput("MaxSim needs a multi-vector (late-interaction) model; this model (BertModel) gives one "
+                           "vector per input")
 
     def rerank(self, query: str | ImageInput, documents: Sequence[str | ImageInput], *, truncate: bool | None = None,
                instruction: str | None = None, max_chunks: int | None = None, timeout_s: float = 3600,
@@ -189,6 +214,21 @@ class FakeEngine:
             scores = [1.0 / (1.0 + math.exp(-s)) for s in scores]
         return RerankResult(scores=scores, n_tokens=[min(n, limit) for n in n_tokens],
                             timings=Timings(tokenize_s=0.001, queue_s=0.002, inference_s=0.0125))
+
+    def classify(self, inputs: Sequence[str | tuple[str, str]], *, truncate: bool | None = None,
+                 truncation_direction: str = "right", raw_scores: bool = False,
+                 timeout_s: float = 3600) -> ClassifyResult:
+        """What Engine.classify does on the fake's kinds: an embedder or a generative reranker is refused; a
+        cross-encoder is a one-label classifier (LABEL_0, the sigmoid of its pair score unless raw_scores)."""
+        if self.info.kind != "cross-encoder":
+            raise InvalidInput(f"this server runs {'a generative reranker' if self.info.is_reranker else 'an embedding model'}"
+                               " (BertModel): label scores need a sequence classifier")
+        pairs = [(item, "") if isinstance(item, str) else item for item in inputs]
+        scores = [pair_score(item_words(a), item_words(b)) for a, b in pairs]
+        if not raw_scores:
+            scores = [1.0 / (1.0 + math.exp(-s)) for s in scores]
+        return ClassifyResult(scores=[[s] for s in scores], labels=("LABEL_0",),
+                              n_tokens=[min(pair_tokens(a, b), self.info.max_input_tokens) for a, b in pairs])
 
     def stats(self) -> dict[str, float]:
         return {**self.counters, "requests_processing": self.processing, "requests_deferred": 3}

@@ -329,7 +329,7 @@ ELEMENTS = ('"prompt" elements must be a string, a list of tokens, a JSON object
 @pytest.mark.parametrize("value,message", [
     ([], '"prompt" must not be empty'),
     (None, ELEMENTS), (5, ELEMENTS), (1.5, ELEMENTS), (True, ELEMENTS),
-    ([1.5], ELEMENTS), ([True], ELEMENTS), ([None], ELEMENTS), (["a", None], ELEMENTS), ([1, 2.0], ELEMENTS),
+    ([1.5], ELEMENTS), ([True], ELEMENTS), ([None], ELEMENTS), (["a", None], ELEMENTS), ([1, 2.5], ELEMENTS),
     ([[1.5]], ELEMENTS), ([1, [2]], ELEMENTS), ([["a", ["b"]]], ELEMENTS), ([[False]], ELEMENTS),
     ({"prompt_string": 5}, ELEMENTS), ({"text": "a"}, ELEMENTS),
     ({"prompt_string": "x", "multimodal_data": ["AAAA"]},

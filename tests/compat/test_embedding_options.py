@@ -130,7 +130,7 @@ def test_dimensions_with_base64_and_full_width(make_client):
     assert whole == plain
 
 
-@pytest.mark.parametrize("bad", [0, 5, -1, "2", 2.0, True, [2]])
+@pytest.mark.parametrize("bad", [0, 5, -1, "2", 2.5, True, [2]])
 def test_dimensions_out_of_range_is_400(make_client, bad):
     engine = FakeEngine()
     res = make_client("--embedding", engine=engine).simulate_post("/v1/embeddings", json={"input": "a",

@@ -2,11 +2,14 @@
 read, and what the routes answer validates against it."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
+from unittest.mock import ANY
 
 import falcon.inspect
 import jsonschema
 import pytest
+import schemathesis
 from falcon.testing import TestClient
 
 from compat.app import create_app
@@ -17,8 +20,9 @@ from compat.wire.inputs import parse_model_field
 from compat.wire.rerank import parse_rerank_request
 from compat.wire.router import parse_model_request
 from compat.wire.tokenize import parse_detokenize_request, parse_tokenize_request
-from tests.compat.fakes import FakeEngine
-from tests.compat.test_routing import Server
+from tests.compat.fakes import FakeEngine, word_id
+from tests.compat.test_routing import Engines, Server
+from tests.fuzzing import problems, refused_shares, tally_positive_cases
 
 
 class RecordingBody(dict):
@@ -171,3 +175,142 @@ def test_router_answers_validate_against_the_document(tmp_path):
                                ("post", "/models/load", {"model": "ce"}), ("post", "/models/load", {"model": "x"})):
         res = server.client.simulate_request(method.upper(), path, json=body)
         _validate(document, path, method, res.status_code, res.json)
+
+
+class RoomyEngines(Engines):
+    """The router's fake engines with no token limit: the document cannot say how many tokens a text makes."""
+
+    def __call__(self, options):
+        engine = super().__call__(options)
+        engine.info = dataclasses.replace(engine.info, max_input_tokens=10**6)
+        return engine
+
+
+@pytest.mark.parametrize("configuration", ["one model", "several models"])
+def test_the_requests_the_document_allows_are_served(configuration, tmp_path):
+    # schemathesis' valid requests for every operation, in process: few refused, no server error the document
+    # does not declare (the measured run against the real server is tests/server/test_fuzz.py)
+    if configuration == "one model":
+        settings = parse_settings(["--embedding", "--metrics", "--props", "--max-client-batch-size", "8"], {},
+                                  system_config_files=[])
+        app = create_app(settings, FakeEngine(max_input_tokens=10**6))
+    else:
+        server = Server(tmp_path, engines=RoomyEngines())
+        for name in ("minilm", "tiny", "ce"):  # loaded: the document then knows what each model accepts
+            assert server.client.simulate_post("/models/load", json={"model": name}).status_code == 200
+        app = server.client.app
+    client = TestClient(app)
+    tallies = tally_positive_cases(schemathesis.openapi.from_wsgi("/openapi.json", app),
+                                   lambda case: case.call().status_code, examples=4)
+    assert not problems(client.simulate_get("/openapi.json").json, tallies), refused_shares(tallies)
+
+
+def _operation_responses(document: dict, method: str, path: str) -> set[str]:
+    return set(document["paths"][path][method]["responses"])
+
+
+def test_what_a_configuration_does_not_serve_documents_its_one_answer():
+    document = _document()  # one embedding model, FakeEngine: no --reranking, --metrics, --props; not multi-vector
+    for path in ("/rerank", "/v2/rerank", "/metrics", "/completion"):
+        method = "get" if path == "/metrics" else "post"
+        assert _operation_responses(document, method, path) == {"501", "default"}, path
+    assert _operation_responses(document, "post", "/props") == {"501", "default"}
+    assert _operation_responses(document, "post", "/maxsim") == {"400", "default"}  # a single-vector model
+    assert _operation_responses(document, "post", "/models") == {"501", "default"}  # one model: nothing to reload
+    assert _operation_responses(document, "post", "/v1/embeddings") == {"200", "default"}
+    # the other servers' routes too, in their own error bodies: vLLM's score needs a reranker, TEI's /embed_all a
+    # model served with --pooling none (TEI's Backend error, 424)
+    assert _operation_responses(document, "post", "/score") == {"501", "default"}
+    assert _operation_responses(document, "post", "/embed_all") == {"424", "default"}
+    assert {"200"} <= _operation_responses(document, "post", "/embed") and "500" not in _operation_responses(
+        document, "post", "/api/embed")
+    served = _document("--metrics", "--props")
+    assert _operation_responses(served, "get", "/metrics") == _operation_responses(served, "post", "/props") == {
+        "200", "default"}
+
+
+def test_the_document_states_what_the_model_accepts():
+    schemas = _document()["components"]["schemas"]
+    embeddings = schemas["EmbeddingsRequest"]["properties"]
+    assert embeddings["dimensions"]["anyOf"][0] == {"type": "integer", "minimum": 1, "maximum": 4}  # its width
+    assert {k: v for k, v in embeddings["prompt_name"].items() if k != "description"} == {"type": "null"}
+    assert {k: v for k, v in embeddings["instruction"].items() if k != "description"} == {"type": "null"}
+    token = schemas["DetokenizeRequest"]["properties"]["tokens"]["items"]
+    assert token == {"type": "integer", "minimum": 0, "maximum": 999}  # its vocabulary
+    assert "image_url" not in str(embeddings["input"])  # it takes no images
+    assert schemas["RerankRequest"]["required"] == ["query"]
+    assert {"required": ["input"]} in schemas["EmbeddingsRequest"]["anyOf"]
+
+
+def test_several_models_name_their_models_and_post_models_needs_reload(tmp_path):
+    server = Server(tmp_path)
+    document = server.client.simulate_get("/openapi.json").json
+    schemas = document["components"]["schemas"]
+    assert schemas["EmbeddingsRequest"]["properties"]["model"]["enum"] == [
+        None, "", "minilm", "text-embedding-3-small", "tiny"]
+    assert schemas["RerankRequest"]["properties"]["model"]["enum"] == [None, "", "ce"]
+    assert schemas["ModelRequest"]["properties"]["model"]["enum"] == ["ce", "minilm", "text-embedding-3-small", "tiny"]
+    post = document["paths"]["/models"]["post"]
+    assert post["parameters"] == [{"name": "reload", "in": "query", "required": True,
+                                   "schema": {"type": "string", "minLength": 1}, "description": ANY}]
+    assert set(post["responses"]) == {"200", "501", "default"}
+    assert server.client.simulate_post("/models").status_code == 501  # no ?reload: the documented 501
+    assert server.client.simulate_post("/models", params={"reload": "1"}).status_code == 200
+    # not loaded yet, the models' limits are unknown; loaded, they are stated
+    assert "maximum" not in schemas["EmbeddingsRequest"]["properties"]["dimensions"]["anyOf"][0]
+    server.embed("minilm"), server.embed("tiny")
+    loaded = server.client.simulate_get("/openapi.json").json["components"]["schemas"]["EmbeddingsRequest"]
+    assert loaded["properties"]["dimensions"]["anyOf"][0]["maximum"] == 4
+
+
+def test_a_one_model_server_lists_its_model_whatever_reload_says(make_client):
+    # as a one-model llama-server does; POST /models is 501 either way (nothing to reload, no downloads)
+    client = make_client("--embedding")
+    assert client.simulate_get("/models", params={"reload": "1"}).status_code == 200
+    assert client.simulate_post("/models", params={"reload": "1"}).status_code == 501
+    assert client.simulate_post("/models").status_code == 501
+
+
+def test_whole_floats_are_the_integers_the_document_allows(make_client):
+    # JSON Schema's "integer" admits 2.0 (schemathesis sends it), and llama reads 2.0 as 2 where it wants an int
+    engine = FakeEngine()
+    client = make_client("--embedding", engine=engine)
+    res = client.simulate_post("/v1/embeddings", json={"input": [201.0, 202], "embd_normalize": 2.0,
+                                                       "dimensions": 2.0})
+    assert res.status_code == 200 and len(res.json["data"][0]["embedding"]) == 2
+    assert engine.embed_calls[-1]["token_lists"] == [[201, 202]]
+    assert all(type(t) is int for t in engine.embed_calls[-1]["token_lists"][0])
+    assert client.simulate_post("/detokenize", json={"tokens": [201.0]}).status_code == 200
+    assert client.simulate_post("/tokenize", json={"content": ["a", 5.0]}).json == {"tokens": [word_id("a"), 5]}
+    reranker = make_client("--reranking", engine=FakeEngine(kind="cross-encoder"))
+    res = reranker.simulate_post("/rerank", json={"query": "q", "documents": ["a", "q"], "top_n": 1.0})
+    assert res.status_code == 200 and len(res.json["results"]) == 1
+    for bad in ({"input": [1, 2.5]}, {"input": "a", "embd_normalize": 2.5}, {"input": "a", "dimensions": 1.5}):
+        assert client.simulate_post("/v1/embeddings", json=bad).status_code == 400, bad
+    # and on the other servers' routes
+    assert len(client.simulate_post("/embed", json={"inputs": "a", "dimensions": 2.0}).json[0]) == 2
+    assert client.simulate_post("/decode", json={"ids": [201.0]}).status_code == 200
+    assert len(client.simulate_post("/v1/embed", json={"texts": ["a"], "output_dimension": 2.0}).json[
+        "embeddings"][0]) == 2
+    assert len(client.simulate_post("/api/embed", json={"input": "a", "dimensions": 2.0}).json[
+        "embeddings"][0]) == 2
+
+
+@pytest.mark.parametrize("argv,engine", [
+    (["--embedding"], FakeEngine()), (["--reranking"], FakeEngine(kind="cross-encoder", modalities=("text", "image"))),
+    (["--embedding"], FakeEngine(modalities=("text", "image"), prompts=(("query", "q: "),),
+                                 instruction_template="{task}: {text}")),
+])
+def test_every_schema_of_the_document_is_valid_json_schema(argv, engine):
+    document = TestClient(create_app(parse_settings(argv, {}, system_config_files=[]), engine)).simulate_get(
+        "/openapi.json").json
+    for name, schema in document["components"]["schemas"].items():
+        jsonschema.Draft202012Validator.check_schema(schema)
+    request = document["components"]["schemas"]["EmbeddingsRequest"]
+    validator = jsonschema.Draft202012Validator({**request, "components": document["components"]})
+    if engine.info.takes_images and not engine.info.is_reranker:  # images, prompts and an instruction allowed
+        assert validator.is_valid({"input": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AA"}}],
+                                   "prompt_name": "query"})
+        assert validator.is_valid({"input": "a", "instruction": "find"})
+        assert not validator.is_valid({"input": "a", "instruction": "find", "prompt_name": "query"})
+        assert not validator.is_valid({"input": "a", "prompt_name": "passage"})

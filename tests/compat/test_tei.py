@@ -105,6 +105,19 @@ def test_embed_all_per_token_rows(make_client):
     np.testing.assert_allclose(res.json[0], token_rows(_ids("a b")), rtol=1e-6)
 
 
+def test_similarity_on_a_per_token_model_is_teis_backend_error(make_client):
+    # it was a 500 (the cosine of ragged per-token rows), found by the OpenAPI fuzz check on --pooling none
+    client = make_client("--embedding", "--pooling", "none", engine=FakeEngine(pooling=Pooling.NONE))
+    similarity = {"inputs": {"source_sentence": "a", "sentences": ["b c"]}}
+    for path in ("/similarity", "/"):
+        res = client.simulate_post(path, json=similarity)
+        assert res.status_code == 424 and res.json["error_type"] == "Backend", res.text
+        assert "one vector per token" in res.json["error"]
+    document = client.simulate_get("/openapi.json").json
+    assert set(document["paths"]["/similarity"]["post"]["responses"]) == {"424", "default"}
+    assert "TeiSimilarityRequest" not in str(document["paths"]["/"]["post"]["requestBody"])
+
+
 def test_embed_all_on_a_pooled_model_says_why(client):
     res = client.simulate_post("/embed_all", json={"inputs": "a"})
     assert res.status_code == 424
@@ -232,6 +245,8 @@ def test_request_schemas_name_exactly_the_fields_the_parsers_read(client):
     assert _fields_read(tei.parse_similarity_request, similarity) == properties("TeiSimilarityRequest")
     assert _fields_read(tei.parse_tokenize_request, {"inputs": "a"}) == properties("TeiTokenizeRequest")
     assert _fields_read(tei.parse_decode_request, {"ids": [1]}) == properties("TeiDecodeRequest")
+    from compat.wire.sparse import parse_sparse_request
+    assert _fields_read(parse_sparse_request, {"inputs": "a"}) == properties("TeiEmbedSparseRequest")
 
 
 def test_embedding_routes_need_embedding_enabled(make_client):
