@@ -12,8 +12,9 @@ compat.cli` with the same argv, once at shared/peers/llama-server. What this fil
 - reuse: their harness starts a fresh server for every test; here a server started with the same binary and
   flags is kept for the module's later tests (our server takes ~10 s to start on this 2-core machine, and the
   three files have 41 tests). `LLAMA_CPP_TESTS_FRESH_SERVERS=1` restores a fresh server per test;
-- DESELECTED: the tests that assert a fact of the model llama.cpp downloads, which the local model cannot have,
-  each with its reason (they fail on llama-server on the same file too).
+- MODEL_FACTS: the tests that assert a fact of the model llama.cpp downloads, which the local model cannot have,
+  each with its reason; they still run, as strict xfails, on both servers: they fail on llama-server on the same
+  file too, and a test that starts passing (a model swapped for one that has the fact) is reported.
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ import pytest
 
 from benchmarks.harness import free_port
 from tests.conftest import gguf_fixture, shared_dir
-from tests.llama_cpp_server.models import write_tiny_llama_spm_gguf
+from tests.llama_cpp_server.models import write_tiny_jina_reranker_gguf, write_tiny_llama_spm_gguf
 
 UPSTREAM = Path(__file__).resolve().parent / "upstream"
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,15 +42,17 @@ LOCAL_MODELS = {
     # the same vocabulary (llama.cpp's F16 conversion, shared/fixtures/gguf)
     ("ggml-org/models", "bert-bge-small/ggml-model-f16.gguf"): lambda folder: gguf_fixture("minilm-f16.gguf"),
     # jina-reranker-v1-tiny-en: `jina-bert-v2` with its classifier as `cls` and a `jina-v1-en` BPE vocabulary,
-    # written in the published file's layout with random weights (tests/engine/test_gguf_jina.py)
-    ("ggml-org/models", "jina-reranker-v1-tiny-en/ggml-model-f16.gguf"): lambda folder: _jina_reranker(folder),
+    # written in the published file's layout with random weights (models.py)
+    ("ggml-org/models", "jina-reranker-v1-tiny-en/ggml-model-f16.gguf"):
+        lambda folder: write_tiny_jina_reranker_gguf(folder / "tiny-jina-reranker-v1-f16.gguf"),
     # stories260K: a tiny `llama` decoder with a SentencePiece vocabulary (BOS 1 added, byte fallback); one in
     # that layout, random weights, the vocabulary trained here (models.py)
-    ("ggml-org/test-model-stories260K", None): lambda folder: write_tiny_llama_spm_gguf(folder / "tiny-llama-spm.gguf"),
+    ("ggml-org/test-model-stories260K", None): lambda folder: write_tiny_llama_spm_gguf(folder / "tiny-llama.gguf"),
 }
 
-# a test below upstream/ (`unit/FILE.py::NAME`, every parametrization) -> why it cannot pass on the local model, on either server
-DESELECTED = {
+# a test below upstream/ (`unit/FILE.py::NAME`, every parametrization) -> why it cannot pass on the local model,
+# on either server
+MODEL_FACTS = {
     "unit/test_rerank.py::test_rerank": "jina-reranker-v1-tiny-en's trained weights rank the machine-learning "
     "document first and the French one last; no trained jina reranker can be had here, and random weights rank "
     "at random (the trained bert-tiny-ce-distilled GGUF puts the French one second on llama-server; orderings "
@@ -60,14 +63,6 @@ DESELECTED = {
 }
 
 TARGETS = ("mlx-embed-server", "llama-server")
-
-
-def _jina_reranker(folder: Path) -> Path:
-    from tests.engine.test_gguf_jina import write_jina_bert_gguf
-
-    path = folder / "tiny-jina-reranker-v1-f16.gguf"
-    write_jina_bert_gguf(path, "geglu", vocab="bpe", classifier=True, outtype="f16")
-    return path
 
 
 _models: dict[tuple[str | None, str | None], Path] = {}
@@ -169,6 +164,7 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         path = Path(str(item.fspath))
         if UPSTREAM in path.parents:
-            reason = DESELECTED.get(f"{path.relative_to(UPSTREAM).as_posix()}::{item.originalname}")
+            reason = MODEL_FACTS.get(f"{path.relative_to(UPSTREAM).as_posix()}::{item.originalname}")
             if reason:
-                item.add_marker(pytest.mark.skip(reason=f"a fact of llama.cpp's test model, not of ours: {reason}"))
+                reason = f"a fact of llama.cpp's test model, not of the local one: {reason}"
+                item.add_marker(pytest.mark.xfail(strict=True, raises=AssertionError, reason=reason))

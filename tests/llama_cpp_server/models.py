@@ -17,6 +17,15 @@ CORPUS = [
 WIDTH, LAYERS, HEADS, KV_HEADS, FF = 64, 2, 4, 2, 128
 
 
+def write_tiny_jina_reranker_gguf(path: Path) -> Path:
+    """jina-reranker-v1-tiny-en's shape of file, F16 as the preset's: `jina-bert-v2` with its classifier as `cls`
+    and a `jina-v1-en` byte-level BPE vocabulary, random weights (tests/engine/test_gguf_jina.py's writer)."""
+    from tests.engine.test_gguf_jina import write_jina_bert_gguf
+
+    write_jina_bert_gguf(path, "geglu", vocab="bpe", classifier=True, outtype="f16")
+    return path
+
+
 def _spm_vocabulary(folder: Path):
     """A SentencePiece BPE model as Llama 2's and stories260K's are trained: <unk> 0, <s> 1, </s> 2, byte
     fallback, no normalization, a dummy prefix."""
