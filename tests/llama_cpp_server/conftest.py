@@ -11,7 +11,7 @@ compat.cli` with the same argv, once at shared/peers/llama-server. What this fil
 - the port: each started server gets a free port (their default, 8080, is shared by every engineer here);
 - reuse: their harness starts a fresh server for every test; here a server started with the same binary and
   flags is kept for the module's later tests (our server takes ~10 s to start on this 2-core machine, and the
-  three files have 41 tests). `LLAMA_CPP_TESTS_FRESH_SERVERS=1` restores a fresh server per test;
+  three files have 42 tests). `LLAMA_CPP_TESTS_FRESH_SERVERS=1` restores a fresh server per test;
 - MODEL_FACTS: the tests that assert a fact of the model llama.cpp downloads, which the local model cannot have,
   each with its reason; they still run, as strict xfails, on both servers: they fail on llama-server on the same
   file too, and a test that starts passing (a model swapped for one that has the fact) is reported.
