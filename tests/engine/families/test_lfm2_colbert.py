@@ -48,12 +48,14 @@ PREFIXES = ["[Q] ", "[D] "]
 CONFIG = {"similarity_fn_name": "MaxSim", "query_prefix": "[Q] ", "document_prefix": "[D] ", "query_length": 24,
           "document_length": 40}
 TEXTS = [*LONG_TEXTS, "  (spaces, and punctuation!)  "]
+BOS = "<|im_start|>"  # the fixture tokenizer's stand-in for LFM2's <|startoftext|>
 
 
 def build_colbert(folder, config: dict):
     """pylate's ColBERT layout: no Pooling, a bias-free Identity Dense 64 -> 16 applied to every token, the [Q] / [D]
     prefixes added to the tokenizer (as pylate saves a checkpoint: its embeddings sized for them)."""
     t = torch()
+    from tokenizers import processors
     from transformers import AutoTokenizer
 
     folder, model = save_random(
@@ -66,6 +68,9 @@ def build_colbert(folder, config: dict):
                "config_sentence_transformers.json": config})
     tok = AutoTokenizer.from_pretrained(str(folder))
     assert tok.add_tokens(PREFIXES) == len(PREFIXES)
+    # a first token before every text, as LFM2's <|startoftext|>: the prefix goes in after it
+    tok.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{BOS} $A", pair=f"{BOS} $A $B", special_tokens=[(BOS, tok.convert_tokens_to_ids(BOS))])
     tok.save_pretrained(str(folder))
     gen = t.Generator().manual_seed(16)
     weight = (t.randn(COLBERT_DIM, 64, generator=gen) * 0.2).numpy()
@@ -138,6 +143,9 @@ def test_colbert_is_multi_vector_with_query_and_document_roles(colbert, colbert_
     info = colbert_engine.info
     assert info.multi_vector and info.query_document_roles and info.pooling is Pooling.NONE
     assert info.n_embd == COLBERT_DIM and dict(info.prompts) == {"query": "[Q] ", "document": "[D] "}
+    late, tok = colbert_engine._model.late, colbert_engine.tokenizer
+    ids = late.build("query", tok.encode(late.text("query", "hello")), tok).ids
+    assert ids[:2] == [tok.token_to_id(BOS), tok.token_to_id("[Q] ")]  # the prefix after the first token
 
 
 def test_token_ids_embed_verbatim(colbert, colbert_engine):
