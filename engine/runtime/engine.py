@@ -318,13 +318,16 @@ class Engine:
                 raise InvalidInput(f"{_label(labels, i)} is an image, but this model "
                                    f"({self.info.architecture or self.info.model_type}) embeds text only")
         texts = [i for i, prompt in enumerate(prompts) if is_text(prompt)]
-        others = [i for i in range(len(prompts)) if i not in set(texts)]
+        others = sorted(set(range(len(prompts))) - set(texts))
         work: list = [None] * len(prompts)
         rows: list[list[int] | None] = [None] * len(prompts)
         encoded = model.tokenizer.encode_prompts([[late.text(roles[i], prompts[i][0])] for i in texts])
         for i, ids in zip(texts, encoded, strict=True):
             built = late.build(roles[i], model.fitter.fit(ids, cut, direction), model.tokenizer)
             model.fitter.fit(built.ids, False)  # the role's length within the server's per-input limit
+            if not built.rows:
+                raise InvalidInput(f"{_label(labels, i)}: every token of it is in the model's skiplist (punctuation), "
+                                   f"so it has no vector to embed")
             work[i] = built.ids if all(built.mask) else MaskedWork(built.ids, built.mask)
             rows[i] = built.rows
         for i, ids in zip(others, model.tokenizer.encode_prompts([prompts[i] for i in others]), strict=True):

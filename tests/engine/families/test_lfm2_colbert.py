@@ -222,6 +222,23 @@ def test_other_pylate_settings_match(tmp_path, edits):
         eng.close()
 
 
+def test_a_document_of_skiplist_tokens_only_is_refused(tmp_path):
+    """With no document prefix and a tokenizer adding no first token, a document of punctuation keeps no row."""
+    from transformers import AutoTokenizer
+
+    folder, _, _ = build_colbert(tmp_path / "m", {**CONFIG, "document_prefix": ""})
+    tok = AutoTokenizer.from_pretrained(str(folder))
+    tok.backend_tokenizer.post_processor = None
+    tok.save_pretrained(str(folder))
+    eng = start_engine(folder)
+    try:
+        with pytest.raises(InvalidInput, match="input 1: every token of it is in the model's skiplist"):
+            eng.embed_prompts([["fine"], ["?!"]], prompt_name="document")
+        assert len(eng.embed_prompts([["?!"]], prompt_name="query").vectors[0]) == CONFIG["query_length"]
+    finally:
+        eng.close()
+
+
 def test_left_padding_tokenizer_expands_on_the_left(colbert, tmp_path):
     """A tokenizer whose padding_side is left: pylate's query puts the expansion tokens first, then inserts the
     prefix after the first of them; the format follows it token for token."""
