@@ -107,6 +107,9 @@ class ModelInfo:
     image_token_bounds: tuple[int, int] | None = None  # dynamic-resolution images: fewest and most tokens of one
     vision_language: bool = False  # text and images interleaved in one input, fed to a decoder (engine/multimodal/inputs.py)
     multi_vector: bool = False  # late interaction: one L2-normalized vector per token, scored by MaxSim
+    # a text late-interaction (pylate ColBERT) model: each text is a query or a document (engine/text/late_interaction.py),
+    # chosen by prompt_name, so the engine formats its texts itself (Engine.embed_prompts)
+    query_document_roles: bool = False
     # whether the checkpoint's sentence-transformers modules end in Normalize; None when it does not say (GGUF)
     normalize_module: bool | None = None
     # how the weights run, chosen at load: "quantized kernels", "dequantized to float32 at load", or the compute

@@ -61,7 +61,7 @@ def embed_request_prompts(served: Served, prompts: list[Prompt], truncate: bool 
                                         truncation_direction=truncation_direction)
     engine.check_count(len(prompts))  # before any image is fetched
     labels = [f"input {i}" for i in range(len(prompts))]
-    if engine.info.vision_language:  # the family formats texts and images alike
+    if engine.info.vision_language or engine.info.query_document_roles:  # the family formats its inputs
         return engine.embed_prompts(with_images(labels, prompts, served.settings), truncate=truncate,
                                     timeout_s=served.remaining_s, prompt_name=prompt_name, instruction=instruction,
                                     embd_normalize=embd_normalize, dimensions=dimensions,

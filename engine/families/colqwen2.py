@@ -4,7 +4,11 @@ ColQwen2_5, or transformers' ColQwen2ForRetrieval export over either; its model_
 The decoder stops at its final norm (the LM head is never loaded); one Linear projects every token's hidden
 state to 128 dimensions, each token vector is L2-normalized and padding rows are zeroed. The result is one
 vector per real token (multi-vector), scored against a query with MaxSim. Prompts and images are prepared by
-engine/multimodal/builders/colqwen2.py.
+engine/multimodal/builders/colqwen2.py. A query is `Query: ` + text + ten <|endoftext|>, as colpali-engine
+0.3.0 - 0.3.12 (2024-09 .. 2025-07) built it when vidore/colqwen2-v0.1, colqwen2-v1.0 and colqwen2.5-v0.1 / v0.2
+were trained (colpali-engine 0.3.13+ dropped the prefix for ModernVBERT; transformers' ColQwen2Processor adds a
+"\n"); a checkpoint's processor_config.json `query_prefix` wins. The evidence, with commits and dates, is in the
+builder's docstring.
 
 Checkpoint layouts (sanitize): colpali-engine merges store model.* (decoder), visual.* and custom_text_proj.*;
 transformers' retrieval export nests everything under vlm. (model.language_model.*, model.visual.*) and names

@@ -15,7 +15,11 @@ convolution's input and again at B * x (where a conv bias would otherwise make i
 row equals the row alone: a padded position reads like the zeros past the end of a row.
 
 ColBERT (late interaction): the same backbone, then the checkpoint's 1_Dense projection applied to every
-token and each token vector L2-normalized (pylate's ColBERT); one vector per real token, scored with MaxSim.
+token and each token vector L2-normalized (pylate's ColBERT), scored with MaxSim. pylate's query and document
+formats (the [Q] / [D] prefix token, query expansion, the lengths, the document skiplist) are the request side's:
+engine/text/late_interaction.py. An expanded query's expansion tokens are run but masked out of attention
+(attend_to_expansion_tokens false) and still give vectors: for them this backbone follows transformers exactly
+(every position at its index, a masked query attending to the real tokens only).
 """
 from __future__ import annotations
 
@@ -28,7 +32,7 @@ import mlx.nn as nn
 from engine.errors import UnsupportedCheckpoint
 from engine.families import llama
 from engine.families.base import (BaseModelArgs, Mask, Rotary, checked_layer_types, is_bidirectional, l2_normalize,
-                                   rope_settings, take_rows)
+                                   rope_settings, take_rows, token_positions)
 
 CONV, FULL = "conv", "full_attention"
 BIDIRECTIONAL_TYPE = "lfm2_bidirectional"  # transformers' model_type of Lfm2BidirectionalModel
@@ -170,12 +174,24 @@ class Lfm2Model(llama.DecoderModel):
     """The final norm is the checkpoint's `embedding_norm` (renamed to `norm` by sanitize)."""
 
     block = DecoderLayer
+    # ColBERT sets it: a masked position's row is an output too (pylate's query expansion tokens, run but not
+    # attended to), so every position gets transformers' position (its index) and a masked query sees the real
+    # tokens only, not itself
+    keeps_masked_rows = False
 
     def layer_masks(self, attention_mask: mx.array, kinds: set[str]) -> dict[str, mx.array]:
         masks = super().layer_masks(attention_mask, kinds - {CONV})
+        if self.keeps_masked_rows and FULL in kinds:
+            masks[FULL] = Mask(attention_mask != 0, causal=self.args.causal, source=attention_mask)
         if CONV in kinds:  # padding zeroed before the convolution, as transformers does
             masks[CONV] = (attention_mask != 0)[..., None]
         return masks
+
+    def position_tables(self, positions: mx.array, kind: str, attention_mask: mx.array) -> tuple:
+        if self.keeps_masked_rows:
+            every = mx.ones_like(attention_mask)
+            return super().position_tables(token_positions(every), kind, every)
+        return super().position_tables(positions, kind, attention_mask)
 
 
 class Model(llama.Model):
@@ -204,11 +220,13 @@ class ColBERT(Model):
     width is the Dense weight's, known once the weights are read (sanitize)."""
 
     multi_vector = True
+    late_interaction = True  # its texts take pylate's query / document formats (engine/text/late_interaction.py)
     projection_prefix = "linear."  # where the 1_Dense folder's weights go (engine/loading/heads.py)
     computes_needed_rows = False  # every token's vector is its output
 
     def __init__(self, args: ModelArgs):
         super().__init__(args)
+        self.model.keeps_masked_rows = True
         self.linear = nn.Linear(args.hidden_size, args.hidden_size, bias=False)  # resized by sanitize
 
     @property

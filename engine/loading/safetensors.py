@@ -255,8 +255,9 @@ def _read_prompts(path: Path) -> tuple[dict[str, str], str | None]:
     """sentence-transformers' `prompts` ({name: text}) and `default_prompt_name`, checked to agree.
 
     pylate's ColBERT checkpoints also name a `query_prefix` and a `document_prefix` (a token such as "[Q] " put
-    right after the first token of a query or document): they lead the "query" and "document" prompts, which is
-    where they land once the tokenizer adds its first token."""
+    right after the first token of a query or document): they lead the "query" and "document" prompts, so that
+    those names are the model's prompts (what /props lists and a request's prompt_name picks); a ColBERT model
+    applies them itself, as tokens (engine/text/late_interaction.py)."""
     cfg = read_json_optional(path)
     prompts = cfg.get("prompts") or {}
     if not isinstance(prompts, dict) or not all(isinstance(k, str) and isinstance(v, str)

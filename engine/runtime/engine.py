@@ -25,7 +25,8 @@ from engine.multimodal.pairs import RerankSide
 from engine.runtime import fitting, loader, threads
 from engine.runtime.loader import ServedModel
 from engine.runtime.scheduler import BatchLimits
-from engine.runtime.worker import ImageWork, ItemResult, Runner, SegmentedWork, Worker
+from engine.runtime.worker import ImageWork, ItemResult, MaskedWork, Runner, SegmentedWork, Worker
+from engine.text.late_interaction import DOCUMENT, QUERY, ROLES
 from engine.text.prompts import choose_prompt, format_prompts, is_text
 from engine.text.tokenizer import TextTokenizer
 from engine.types import (
@@ -152,7 +153,7 @@ class Engine:
         """
         info = self._require_embedder()
         model = self._served()
-        if model.builder is not None:  # a vision-language family formats every input itself (embed_prompts)
+        if model.builder is not None or model.late is not None:  # the family formats its inputs (embed_prompts)
             return [list(p) for p in prompts]
         if model.chat is None:
             return format_prompts(info, prompts, prompt_name, instruction)
@@ -172,12 +173,18 @@ class Engine:
 
         A vision-language family builds every text or image input itself (engine/multimodal/inputs.py), receiving
         `instruction` or the text of `prompt_name` when it takes one; other families had those applied by
-        format_prompts and ignore them here. Token-id prompts are embedded verbatim by every family. `labels`
-        name the inputs in errors (default "input 0", "input 1", ...). `truncation_direction` as `embed` takes it.
+        format_prompts and ignore them here. A text late-interaction model (pylate's ColBERT) embeds each text as
+        a query or a document, as `prompt_name` says ("query" / "document"; default: the default prompt name,
+        else "document"), in pylate's format (engine/text/late_interaction.py). Token-id prompts are embedded
+        verbatim by every family. `labels` name the inputs in errors (default "input 0", "input 1", ...).
+        `truncation_direction` as `embed` takes it.
         """
         info = self._embedding(len(prompts), dimensions)
         direction = fitting.truncation_direction(truncation_direction)
         model = self._served()
+        if model.late is not None:
+            role = self._late_role(info, prompt_name, instruction)
+            return self._embed_late(prompts, [role] * len(prompts), truncate, timeout_s, labels, direction)
         started = time.monotonic()
         inputs: list = list(prompts)  # replaced by their tokens (or prepared inputs) below
         if model.builder is not None:
@@ -276,9 +283,61 @@ class Engine:
                                f"({info.architecture or info.model_type}) gives one vector per input: compare its "
                                f"embeddings by cosine, or rank with a reranker")
         labels = ["query", *(f"document {i}" for i in range(len(documents)))]
-        result = self.embed_prompts([query, *documents], truncate=truncate, timeout_s=timeout_s, labels=labels)
+        if self._served().late is not None:  # pylate's ColBERT: the query in its query format, documents in theirs
+            self.check_count(len(labels))
+            result = self._embed_late([query, *documents], [QUERY] + [DOCUMENT] * len(documents), truncate,
+                                      timeout_s, labels)
+        else:
+            result = self.embed_prompts([query, *documents], truncate=truncate, timeout_s=timeout_s, labels=labels)
         scores = maxsim_scores(result.vectors[0], result.vectors[1:])
         return RerankResult(scores=scores, n_tokens=result.n_tokens, timings=result.timings)
+
+    def _late_role(self, info: ModelInfo, prompt_name: str | None, instruction: str | None) -> str:
+        """A late-interaction model's role for a request's texts: its prompt_name (or the default one)."""
+        model = f"this model ({info.architecture or info.model_type}) embeds each text as a 'query' or a 'document'"
+        if instruction is not None:
+            raise InvalidInput(f"'instruction' is not used by {model} (pylate's formats): say which with prompt_name")
+        name = prompt_name or info.default_prompt_name or DOCUMENT
+        if name not in ROLES:
+            raise InvalidInput(f"prompt_name {name!r}: {model} (pylate's formats); the prompt_name must be one of "
+                               f"{', '.join(ROLES)}")
+        return name
+
+    def _embed_late(self, prompts: Sequence[Sequence[str | int] | ImageInput], roles: Sequence[str],
+                    truncate: bool | None, timeout_s: float, labels: Sequence[str] | None,
+                    direction: str = "right") -> EmbedResult:
+        """Texts in their role's pylate format (engine/text/late_interaction.py): each cut to its role's length,
+        an expanded query's expansion tokens run unattended (MaskedWork), a document's skiplist rows dropped from
+        its vectors. Token-id prompts are embedded verbatim; `usage` counts the tokens run."""
+        model = self._served()
+        late = model.late
+        cut = self.options.truncate if truncate is None else truncate
+        started = time.monotonic()
+        for i, prompt in enumerate(prompts):
+            if isinstance(prompt, ImageInput):
+                raise InvalidInput(f"{_label(labels, i)} is an image, but this model "
+                                   f"({self.info.architecture or self.info.model_type}) embeds text only")
+        texts = [i for i, prompt in enumerate(prompts) if is_text(prompt)]
+        others = sorted(set(range(len(prompts))) - set(texts))
+        work: list = [None] * len(prompts)
+        rows: list[list[int] | None] = [None] * len(prompts)
+        encoded = model.tokenizer.encode_prompts([[late.text(roles[i], prompts[i][0])] for i in texts])
+        for i, ids in zip(texts, encoded, strict=True):
+            built = late.build(roles[i], model.fitter.fit(ids, cut, direction), model.tokenizer)
+            model.fitter.fit(built.ids, False)  # the role's length within the server's per-input limit
+            if not built.rows:
+                raise InvalidInput(f"{_label(labels, i)}: every token of it is in the model's skiplist (punctuation), "
+                                   f"so it has no vector to embed")
+            work[i] = built.ids if all(built.mask) else MaskedWork(built.ids, built.mask)
+            rows[i] = built.rows
+        for i, ids in zip(others, model.tokenizer.encode_prompts([prompts[i] for i in others]), strict=True):
+            work[i] = model.fitter.fit(ids, cut, direction)
+        preprocess_s = time.monotonic() - started
+        results, timings = self._serve(work, None, timeout_s)
+        timings.tokenize_s += preprocess_s
+        vectors = [r.value if keep is None else r.value[keep] for r, keep in zip(results, rows, strict=True)]
+        return EmbedResult(vectors=vectors, n_tokens=[len(w.ids) if isinstance(w, MaskedWork) else len(w)
+                                                      for w in work], timings=timings)
 
     def _builder_instruction(self, info: ModelInfo, prompt_name: str | None, instruction: str | None) -> str | None:
         """What a vision-language family's prompt format receives as its instruction, if anything."""

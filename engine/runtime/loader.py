@@ -29,6 +29,7 @@ from engine.runtime.fitting import InputFitter
 from engine.runtime.scheduler import BatchLimits, warm_widths
 from engine.runtime.worker import Runner
 from engine.text.chat_inputs import ChatInputs
+from engine.text.late_interaction import LateFormat
 from engine.text.prompts import INSTRUCTION_TEMPLATES, RerankPrompt, default_prompt_name
 from engine.text.tokenizer import TextTokenizer
 from engine.types import EngineOptions, ModelInfo, Pooling
@@ -53,6 +54,7 @@ class ServedModel:
     images: ImageProcessor | None = None  # dual-encoders with an image tower only
     builder: InputBuilder | None = None  # vision-language families (engine/multimodal/inputs.py) only
     pools_segments: bool = False  # the runner pools chunks of one input (late chunking)
+    late: LateFormat | None = None  # text late-interaction (pylate ColBERT) models: their query / document formats
 
 
 def load(opts: EngineOptions, lanes: int, blas_threads: int) -> tuple[Runner, ServedModel]:
@@ -109,6 +111,7 @@ def load(opts: EngineOptions, lanes: int, blas_threads: int) -> tuple[Runner, Se
             bound_image_tokens(images, opts, loaded.family)
             side = loaded.image_size  # run the vision tower once now, so no request compiles it
             runner.launch_images(np.zeros((1, 3, side, side), np.float32))()
+    late_roles = embedder and getattr(loaded.model, "late_interaction", False)
     n_positions = loaded.n_positions
     slot_ctx, n_slots = limits.slots(opts.ctx_size, opts.parallel, n_positions)
     max_input = limits.input_limit(n_positions, opts.ubatch_tokens, slot_ctx if opts.ctx_size > 0 else None)
@@ -130,7 +133,8 @@ def load(opts: EngineOptions, lanes: int, blas_threads: int) -> tuple[Runner, Se
         file_format=ckpt.format.name, chat_template_inputs=chat is not None,
         modalities=("text", "image") if (images, builder, pairs) != (None, None, None) else ("text",),
         image_tokens=loaded.image_tokens, image_token_bounds=token_bounds, vision_language=builder is not None,
-        multi_vector=loaded.multi_vector, weights=loaded.weights, resident_bytes=loaded.resident_bytes,
+        multi_vector=loaded.multi_vector, query_document_roles=late_roles, weights=loaded.weights,
+        resident_bytes=loaded.resident_bytes,
         kernels=kernels.active().name,  # chosen by shapes.prepare, before the first pass
         max_active_dims=ckpt.splade.max_active_dims if ckpt.splade is not None else None,
         normalize_module=None if ckpt.format.name == "gguf" else "Normalize" in ckpt.module_types,
@@ -148,7 +152,9 @@ def load(opts: EngineOptions, lanes: int, blas_threads: int) -> tuple[Runner, Se
                                load_s=time.monotonic() - started,
                                scores_are_probabilities=loaded.scores_are_probabilities, prompt=prompt, pairs=pairs,
                                chat=chat, images=images, builder=builder,
-                               pools_segments=getattr(runner, "pools_segments", False))
+                               pools_segments=getattr(runner, "pools_segments", False),
+                               late=LateFormat.read(ckpt.path, tokenizer, ckpt.tokenizer_config)
+                               if late_roles else None)
 
 
 def with_splade(ckpt: Checkpoint, flag: Pooling | None) -> Checkpoint:

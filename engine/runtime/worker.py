@@ -55,6 +55,15 @@ class SegmentedWork:
     segments: tuple[tuple[int, ...], ...]
 
 
+@dataclass(frozen=True)
+class MaskedWork:
+    """Token ids whose attention mask is not all ones (pylate's query expansion: the expansion tokens are run but
+    not attended to, engine/text/late_interaction.py); its result has a row for every id."""
+
+    ids: list[int]
+    mask: list[int]
+
+
 @dataclass
 class WorkItem:
     ids: list[int]
@@ -67,6 +76,7 @@ class WorkItem:
     pixels: np.ndarray | None = None  # an image for a tower: it shares passes with other images only
     images: tuple[PreparedImage, ...] = ()  # a vision-language input's images (engine/multimodal/inputs.py): it runs alone
     segments: tuple[tuple[int, ...], ...] = ()  # a late-chunked document's chunks (SegmentedWork): it runs alone
+    mask: list[int] | None = None  # a MaskedWork's attention mask (None: every id attended)
 
     @property
     def group(self) -> int:
@@ -116,7 +126,8 @@ class Worker:
         _live.add(self)
 
     # -- request threads -------------------------------------------------------------------------
-    def submit(self, token_lists: list[list[int] | ImageWork | PreparedInput | SegmentedWork], deadline: float,
+    def submit(self, token_lists: list[list[int] | ImageWork | PreparedInput | SegmentedWork | MaskedWork],
+               deadline: float,
                type_lists: list[list[int]] | None = None) -> list[WorkItem]:
         """Queue every input of one request, or none of them (QueueFull)."""
         if not self.loaded.is_set() or self._runner is None:
@@ -280,7 +291,7 @@ class Worker:
         type_ids = np.zeros((len(batch), width), dtype=np.int32)
         for row, item in enumerate(batch):
             ids[row, : item.n_tokens] = item.ids
-            mask[row, : item.n_tokens] = 1
+            mask[row, : item.n_tokens] = 1 if item.mask is None else item.mask
             if item.type_ids is not None:
                 type_ids[row, : item.n_tokens] = item.type_ids
         started = time.monotonic()
@@ -348,8 +359,8 @@ class Worker:
             item.future.set_result(ItemResult(value, launched.started - item.enqueued, elapsed, pass_number))
 
 
-def _work_item(work: list[int] | ImageWork | PreparedInput | SegmentedWork, type_ids: list[int] | None,
-               deadline: float, now: float) -> WorkItem:
+def _work_item(work: list[int] | ImageWork | PreparedInput | SegmentedWork | MaskedWork,
+               type_ids: list[int] | None, deadline: float, now: float) -> WorkItem:
     if isinstance(work, ImageWork):
         return WorkItem(ids=[], type_ids=None, deadline=deadline, n_tokens=work.n_tokens, enqueued=now,
                         pixels=work.pixels)
@@ -359,6 +370,9 @@ def _work_item(work: list[int] | ImageWork | PreparedInput | SegmentedWork, type
     if isinstance(work, SegmentedWork):
         return WorkItem(ids=work.ids, type_ids=None, deadline=deadline, n_tokens=len(work.ids), enqueued=now,
                         segments=work.segments)
+    if isinstance(work, MaskedWork):
+        return WorkItem(ids=work.ids, type_ids=None, deadline=deadline, n_tokens=len(work.ids), enqueued=now,
+                        mask=work.mask)
     return WorkItem(ids=work, type_ids=type_ids, deadline=deadline, n_tokens=len(work), enqueued=now)
 
 

@@ -138,6 +138,10 @@ class TextTokenizer:
             spans.append(TokenSpan(token_id, raw[first:last].decode("utf-8", errors="replace"), False, first, last))
         return spans
 
+    def token_to_id(self, token: str) -> int | None:
+        """The id of the vocabulary entry (added tokens included) spelled exactly `token`, if there is one."""
+        return self._parsing.token_to_id(token)
+
     def pieces(self, ids: Sequence[int]) -> list[str | list[int]]:
         """Each token's text as llama-server shows it: word starts keep their leading space."""
         return [self._piece(i) for i in ids]

@@ -95,9 +95,17 @@ def document(*middle: str) -> str:
     return prefix + "".join(middle) + suffix
 
 
+# colpali-engine's query_prefix from 0.3.0 to 0.3.12 (BaseVisualRetrieverProcessor.query_prefix in 0.3.11 / 0.3.12,
+# ColQwen2Processor's and ColQwen2_5_Processor's before): the releases the published checkpoints were trained with.
+# 0.3.13 made the base class's "" (the installed 0.3.18 reads ""); engine/multimodal/builders/colqwen2.py has the
+# evidence.
+TRAINED_QUERY_PREFIX = "Query: "
+
+
 def query(text: str) -> str:
+    """colpali-engine's process_queries (installed 0.3.18's formula), with the training releases' prefix."""
     prompts = fixture.colpali_prompts()
-    return prompts.get("query_prefix", "") + text + prompts["query_augmentation_token"] * 10
+    return TRAINED_QUERY_PREFIX + text + prompts["query_augmentation_token"] * 10
 
 
 def assert_rows_match(ours: np.ndarray, theirs: np.ndarray) -> None:
@@ -111,8 +119,55 @@ def assert_rows_match(ours: np.ndarray, theirs: np.ndarray) -> None:
 def test_prompts_are_colpali_engines(base):
     prompts = fixture.colpali_prompts(base)
     assert builder.DOCUMENT_PROMPT == prompts["visual_prompt_prefix"]
-    assert builder.QUERY_PREFIX == prompts.get("query_prefix", "")
+    assert prompts.get("query_prefix", "") == ""  # 0.3.13+'s reading, which we do not follow
+    assert builder.QUERY_PREFIX == TRAINED_QUERY_PREFIX
     assert builder.QUERY_SUFFIX == prompts["query_augmentation_token"] * 10
+
+
+def transformers_processor(folder):
+    """transformers' ColQwen2Processor on a checkpoint folder (its query_prefix from processor_config.json)."""
+    import transformers
+
+    kwargs = {}
+    config = folder / "processor_config.json"
+    if config.is_file():
+        kwargs = {k: v for k, v in json.loads(config.read_text()).items() if k in ("query_prefix",)}
+    return transformers.ColQwen2Processor(image_processor=transformers.Qwen2VLImageProcessorPil.from_pretrained(folder),
+                                          tokenizer=transformers.AutoTokenizer.from_pretrained(folder), **kwargs)
+
+
+def test_query_tokens_are_transformers_processors_without_its_newline(colpali, engine):
+    """transformers' ColQwen2Processor: the same prefix and augmentation tokens, then a "\n" the training
+    releases never had (it derives from ColPaliProcessor, whose PaliGemma queries end in one)."""
+    folder, _, tokenizer = colpali
+    processor = transformers_processor(folder)
+    for text in QUERIES:
+        theirs = processor.process_queries([text])["input_ids"][0].tolist()
+        assert theirs[-1:] == tokenizer("\n")["input_ids"]
+        assert engine._model.builder.build([text]).ids == theirs[:-1]
+
+
+def test_a_checkpoints_own_query_prefix_is_honoured(colpali, tmp_path):
+    """processor_config.json's query_prefix (what transformers' ColQwen2Processor saves and reads)."""
+    import transformers
+
+    folder, _, _ = colpali
+    for item in folder.iterdir():
+        (tmp_path / item.name).symlink_to(item)
+    saved = tmp_path / "saved"
+    transformers.ColQwen2Processor(image_processor=transformers.Qwen2VLImageProcessorPil.from_pretrained(folder),
+                                   tokenizer=transformers.AutoTokenizer.from_pretrained(folder),
+                                   query_prefix="Question: ").save_pretrained(saved)
+    shutil.copy(saved / "processor_config.json", tmp_path / "processor_config.json")
+    theirs = transformers.ColQwen2Processor.from_pretrained(saved).process_queries([QUERIES[0]])["input_ids"][0]
+    eng = start_engine(tmp_path)
+    try:
+        assert eng._model.builder.build([QUERIES[0]]).ids == theirs.tolist()[:-1]
+    finally:
+        eng.close()
+    (tmp_path / "processor_config.json").write_text(json.dumps({"query_prefix": 7}))
+    with pytest.raises(UnsupportedCheckpoint, match="query_prefix must be a string"):
+        start_engine(tmp_path)
 
 
 def test_ids_and_pixels_are_the_reference_processors(colpali, engine):

@@ -1,7 +1,7 @@
 """engine/families/lfm2.py against transformers' Lfm2 on the same random weights (torch CPU, fp32): short
 causal convolutions and attention layers interleaved, padding zeroed before each convolution; then the
-bidirectional encoder (LFM2.5-Embedding: CLS pooling and its prompts, against sentence-transformers) and
-pylate's ColBERT layout on it (one projected, normalized vector per token; MaxSim)."""
+bidirectional encoder (LFM2.5-Embedding: CLS pooling and its prompts, against sentence-transformers). pylate's
+ColBERT layout on it: test_lfm2_colbert.py."""
 from __future__ import annotations
 
 import contextlib
@@ -10,10 +10,8 @@ import json
 import mlx.core as mx
 import numpy as np
 import pytest
-from safetensors.numpy import save_file
 
 from engine import Pooling
-from engine.errors import UnsupportedCheckpoint
 from engine.families import lfm2
 from engine.loading import formats, registry
 from tests.engine.families.decoder_fixture import (
@@ -25,10 +23,9 @@ from tests.engine.families.decoder_fixture import (
     pooled_layout,
     reference_hidden,
     save_random,
-    st_modules,
     token_lists,
 )
-from tests.engine.helpers import cosine, start_engine, torch
+from tests.engine.helpers import cosine, start_engine
 
 
 @pytest.fixture(scope="module")
@@ -195,64 +192,3 @@ def test_bare_bidirectional_export_mean_pools(embedding, tmp_path):
         (tmp_path / name).symlink_to(folder / name)
     assert registry.default_pooling(formats.open_checkpoint(tmp_path)) is Pooling.MEAN
     assert registry.kind_of(formats.open_checkpoint(tmp_path)) == registry.EMBEDDER
-
-
-# pylate's ColBERT layout: no Pooling, a bias-free Identity Dense 64 -> 16 applied to every token, MaxSim
-COLBERT_DIM = 16
-
-
-@pytest.fixture(scope="module")
-def colbert(tmp_path_factory):
-    t = torch()
-    folder, model = save_random(
-        tmp_path_factory.mktemp("lfm2_colbert") / "m", "Lfm2Model", "Lfm2Config", seed=16,
-        config_edits={"architectures": ["Lfm2BidirectionalModel"]}, **BIDIRECTIONAL,
-        files={"modules.json": st_modules(("1_Dense", "pylate.models.Dense.Dense")),
-               "1_Dense/config.json": {"in_features": 64, "out_features": COLBERT_DIM, "bias": False,
-                                       "activation_function": "torch.nn.modules.linear.Identity",
-                                       "use_residual": False},
-               "config_sentence_transformers.json": {"similarity_fn_name": "MaxSim", "query_prefix": "[Q] ",
-                                                     "document_prefix": "[D] ", "query_length": 32,
-                                                     "document_length": 512}})
-    gen = t.Generator().manual_seed(16)
-    weight = (t.randn(COLBERT_DIM, 64, generator=gen) * 0.2).numpy()
-    save_file({"linear.weight": weight}, str(folder / "1_Dense" / "model.safetensors"))
-    return folder, BidirectionalReference(model), weight
-
-
-def colbert_reference(ref, weight: np.ndarray, ids: list[int]) -> np.ndarray:
-    projected = reference_hidden(ref, ids) @ weight.T.astype(np.float64)
-    return projected / np.linalg.norm(projected, axis=-1, keepdims=True)
-
-
-def test_colbert_is_multi_vector_and_matches_the_reference(colbert):
-    folder, ref, weight = colbert
-    loaded = formats.load(formats.open_checkpoint(folder))
-    assert isinstance(loaded.model, lfm2.ColBERT) and loaded.multi_vector and loaded.hidden_size == COLBERT_DIM
-    lists = token_lists(folder, LONG_TEXTS)
-    eng = start_engine(folder)
-    try:
-        assert eng.info.multi_vector and eng.info.pooling is Pooling.NONE and eng.info.n_embd == COLBERT_DIM
-        assert dict(eng.info.prompts) == {"query": "[Q] ", "document": "[D] "}  # pylate's prefixes
-        ours = eng.embed(lists).vectors
-        for ids, got in zip(lists, ours, strict=True):
-            expected = colbert_reference(ref, weight, ids)
-            assert got.shape == expected.shape == (len(ids), COLBERT_DIM)
-            assert min(cosine(a, b) for a, b in zip(got, expected, strict=True)) >= MIN_COSINE
-            np.testing.assert_allclose(np.linalg.norm(got, axis=-1), 1.0, atol=1e-5)
-        check_batch_invariant(eng, folder, LONG_TEXTS)
-        query, *documents = LONG_TEXTS[1], LONG_TEXTS[2], LONG_TEXTS[-1], LONG_TEXTS[3]
-        scores = eng.maxsim([query], [[d] for d in documents]).scores
-        q = colbert_reference(ref, weight, token_lists(folder, [query])[0])
-        expected = [float((q @ colbert_reference(ref, weight, ids).T).max(axis=1).sum())
-                    for ids in token_lists(folder, documents)]
-        np.testing.assert_allclose(scores, expected, rtol=1e-5, atol=1e-5)
-    finally:
-        eng.close()
-
-
-def test_colbert_without_its_projection_is_refused(colbert, tmp_path):
-    folder, _, _ = colbert
-    args = lfm2.ModelArgs.from_dict(json.loads((folder / "config.json").read_text()))
-    with pytest.raises(UnsupportedCheckpoint, match="1_Dense projection"):
-        lfm2.ColBERT(args).sanitize(mx.load(str(folder / "model.safetensors")))
