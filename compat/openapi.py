@@ -21,8 +21,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import falcon
-import falcon.inspect
 
+from compat import app_routes
 from compat.catalog import EMBEDDING, RERANK
 from compat.middleware import PUBLIC_PATHS, normalize_prefix
 from compat.openapi_serving import ServedModel, Serving, refusals
@@ -450,13 +450,13 @@ def openapi_document(app: falcon.App, settings: Settings, version: str, serving:
     """The document for `app` as configured, and for what it serves (None: nothing known of the models yet);
     raises UndeclaredRoute for a route without a declaration."""
     if serving is None:
-        router = any(route.path == "/models/load" for route in falcon.inspect.inspect_routes(app))
+        router = any(route.path == "/models/load" for route in app_routes.inspect_routes(app))
         serving = Serving(router, () if router else (ServedModel(
             (), RERANK if settings.pooling is Pooling.RANK else EMBEDDING, None),))
     secured = bool(settings.api_key)
     operations = _operations(settings, serving)
     paths: dict[str, Schema] = {}
-    for route in falcon.inspect.inspect_routes(app):
+    for route in app_routes.inspect_routes(app):
         declared = operations.get(route.path)
         if declared is None:
             raise UndeclaredRoute(f"{route.path} ({route.class_name}) has no OpenAPI declaration in compat/openapi.py")

@@ -180,7 +180,7 @@ class Settings(ExplicitSettings):
     max_seq: int = option(0, flags=["--max-seq"], env="LLAMA_ARG_MAX_SEQ", metavar="N", group="batching",
                           per_model=True,
                           help="most tokens per input; 0 = the per-input limit (positions, -ub, -c), lowered to "
-                               "what fits in memory (startup warms widths up to 1024 and extrapolates the rest)")
+                               "what fits in memory (startup runs rows of 16 and 64 tokens and charges the rest by their memory law)")
     max_queue_items: int = option(
         4096, flags=["--max-queue-items"], env="LLAMA_ARG_MAX_QUEUE_ITEMS", metavar="N", group="batching",
         per_model=True, help="most inputs waiting for the model; a request that finds it full gets 503 (retry later), one with more inputs than it can ever hold 413")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -83,8 +84,7 @@ def load(opts: EngineOptions, lanes: int, blas_threads: int) -> tuple[Runner, Se
     token_bounds = None  # dynamic-resolution image processors: the fewest and most tokens of one image
     prompt_default = default_prompt_name(ckpt, opts.default_prompt_name) if embedder else None
     chat = ChatInputs(ckpt) if embedder and ckpt.message_modality is not None else None
-    tokenizer = ckpt.format.open_tokenizer(ckpt)
-    loaded = formats.load(ckpt, kind, opts.dtype, opts.keep_quantized)
+    tokenizer, loaded = _tokenizer_and_weights(ckpt, kind, opts)
     # a classifier's head pools as llama-server's rank pooling does (its first token, through the head)
     mode = Pooling.RANK if kind == registry.CLASSIFIER else registry.choose_pooling(opts.pooling, ckpt, loaded)
     prompt = pairs = images = builder = None
@@ -155,6 +155,21 @@ def load(opts: EngineOptions, lanes: int, blas_threads: int) -> tuple[Runner, Se
                                pools_segments=getattr(runner, "pools_segments", False),
                                late=LateFormat.read(ckpt.path, tokenizer, ckpt.tokenizer_config)
                                if late_roles else None)
+
+
+def _tokenizer_and_weights(ckpt: Checkpoint, kind: str, opts: EngineOptions) -> tuple[TextTokenizer,
+                                                                                     registry.LoadedModel]:
+    """The tokenizer built on a second thread while this one reads the weights (on SmolLM2's GGUF: 49k tokens
+    against 540 MB of dequantized weights; each would leave a core idle). A tokenizer that cannot be built is
+    reported first, as when it was built first."""
+    with ThreadPoolExecutor(1, thread_name_prefix="tokenizer") as pool:
+        pending = pool.submit(ckpt.format.open_tokenizer, ckpt)
+        try:
+            loaded = formats.load(ckpt, kind, opts.dtype, opts.keep_quantized)
+        except BaseException:
+            pending.result()  # raises the tokenizer's own error, if it has one
+            raise
+        return pending.result(), loaded
 
 
 def with_splade(ckpt: Checkpoint, flag: Pooling | None) -> Checkpoint:

@@ -18,24 +18,21 @@ class Waiting(Protocol):
     group: int  # TEXTS | IMAGES | ALONE
 
 
-MIN_WIDTH = 8  # the narrowest shape warmed at load
-WARM_MAX = 1024  # the widest: a wider max_seq is fitted from this one's memory (engine/runtime/shapes.py)
+MIN_WIDTH = 8  # the narrowest row a pass is charged for
+# The row widths run once at load: the narrow one builds every shapeless kernel, and the two measured peaks fit the
+# memory law of every other width (engine/runtime/shapes.py), so startup does not grow with the window.
+MEASURED_WIDTHS = (16, 64)
+MEASURED_TOKENS = 64  # each measured pass holds this many tokens: 4 rows of 16, 1 of 64
+WARM_MAX = MEASURED_WIDTHS[-1]  # the widest pass run at load
 
 
 def warm_widths(max_seq: int, fixed_width: int = 0) -> list[int]:
-    """The row widths run once at load (to build the kernels and measure activation memory): powers of two
-    from MIN_WIDTH, and max_seq itself, up to WARM_MAX, so startup does not grow with the window; just
-    fixed_width when every row has that width. Batches are not padded to these: a pass runs at the exact width
-    of its longest input."""
+    """The row widths run once at load (to build the kernels and measure activation memory): MEASURED_WIDTHS,
+    each cut to max_seq, whatever the window; just fixed_width when every row has that width. Batches are not
+    padded to these: a pass runs at the exact width of its longest input."""
     if fixed_width:
         return [fixed_width]
-    top = min(max_seq, WARM_MAX)
-    widths = {top}
-    width = MIN_WIDTH
-    while width < top:
-        widths.add(width)
-        width *= 2
-    return sorted(widths)
+    return sorted({min(width, max_seq) for width in MEASURED_WIDTHS})
 
 
 @dataclass(frozen=True)

@@ -33,9 +33,10 @@ def test_a_pass_runs_at_its_longest_inputs_exact_length(n):
     assert BatchLimits(4096, 8, max_seq=512, fixed_width=64).width(n) == 64  # a fixed-width family
 
 
-def test_warm_widths_are_powers_of_two_up_to_max_seq():
-    assert warm_widths(512) == [8, 16, 32, 64, 128, 256, 512]
-    assert warm_widths(300) == [8, 16, 32, 64, 128, 256, 300]
+def test_warm_widths_are_two_narrow_ones_whatever_the_window():
+    assert warm_widths(512) == warm_widths(131072) == [16, 64]
+    assert warm_widths(300) == [16, 64]
+    assert warm_widths(40) == [16, 40]
     assert warm_widths(8) == [8]
     assert warm_widths(512, fixed_width=64) == [64]
 
