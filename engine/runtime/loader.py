@@ -162,11 +162,15 @@ def with_splade(ckpt: Checkpoint, flag: Pooling | None) -> Checkpoint:
 
 
 def served_labels(ckpt: Checkpoint, kind: str) -> tuple[str, ...]:
-    """A classifier's labels; a cross-encoder's one label (LABEL_0 where its config does not name it: a GGUF)."""
+    """A classifier's labels; a cross-encoder's one label (LABEL_0 where its config does not name it). A GGUF
+    reranker's head has the file's classifier.output_labels (several: llama-server ranks by the first, and
+    /predict and /classify score them all), else one output."""
     if kind == registry.CLASSIFIER:
         return registry.label_names(ckpt)
     if kind == registry.CROSS_ENCODER:
-        names = registry.label_names(ckpt) if ckpt.format.name != "gguf" else ()
+        if ckpt.format.name == "gguf":
+            return registry.label_names(ckpt) if ckpt.config.get("id2label") else ("LABEL_0",)
+        names = registry.label_names(ckpt)
         return names if len(names) == 1 else ("LABEL_0",)
     return ()
 

@@ -93,6 +93,11 @@ def build(checkpoint: Checkpoint, gguf: GGUFFile, dtype: str = "auto") -> tuple[
                 head_weights["cls_output.weight"].size // cls_width
         else:  # jina-bert-v2: `cls` is the classifier itself
             n_out = cls_width
+        n_cls_out = len(checkpoint.config.get("id2label") or {}) or 1  # as llama.cpp: the labels' count, else 1
+        if n_out != n_cls_out:
+            raise UnsupportedCheckpoint(f"{checkpoint.path}: the classifier has {n_out} outputs but the file names "
+                                        f"{n_cls_out} label(s) ({gguf.architecture}.classifier.output_labels); "
+                                        f"llama.cpp refuses it too")
         options = {"pooling": Pooling.LAST if mapping.CAUSAL else Pooling.CLS, "softmax": gguf.architecture == "qwen3"}
         if hasattr(mapping, "head_options"):  # an architecture llama.cpp scores its own way (modern-bert)
             options.update(mapping.head_options(checkpoint.config))
