@@ -63,6 +63,12 @@ def load(opts: EngineOptions, lanes: int, blas_threads: int) -> tuple[Runner, Se
     ckpt = formats.open_checkpoint(hub.resolve(opts.model_path, opts.hf_repo, opts.offline, opts.hf_file),
                                    label=opts.model_path or "")
     ckpt = with_splade(ckpt, opts.pooling)
+    if opts.lora:
+        if ckpt.format.name != "gguf":
+            raise UnsupportedCheckpoint(f"{ckpt.path}: --lora / --lora-scaled apply llama.cpp adapter GGUFs to a "
+                                        f"GGUF model; this is a {ckpt.format.name} checkpoint (merge the adapter "
+                                        f"into it first)")
+        ckpt = replace(ckpt, lora=opts.lora)
     rank_mode = opts.pooling is Pooling.RANK
     kind = ckpt.format.kind_of(ckpt, rank=rank_mode)
     if rank_mode and kind == registry.EMBEDDER:

@@ -21,7 +21,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.loading.gguf.reader import GGUFFile
 from tests.engine.families.decoder_fixture import pooled_layout, write_files
 from tests.engine.helpers import cosine, perturb_vectors, start_engine, torch
 from tests.engine.test_gguf_written import _xlmr_tokenizer_json, add_encoder_specials, finish
@@ -173,4 +172,72 @@ def test_jina_bert_v3_gguf_written_as_llama_cpps_converter_writes_it(remote, jin
     assert_same_file(jina_v3_gguf, converted)
     adapters = sorted(p.name for p in tmp_path.glob("lora-*-converted.gguf"))
     assert adapters == sorted(f"lora-{task}-converted.gguf" for task in config["lora_adaptations"])
-    assert GGUFFile(tmp_path / "lora-retrieval.query-converted.gguf").metadata["general.type"] == "adapter"
+    for task in config["lora_adaptations"]:
+        ours = tmp_path / f"ours-{task}.gguf"
+        write_task_adapter(remote, ours, task)
+        assert_same_file(ours, tmp_path / f"lora-{task}-converted.gguf")
+
+
+def write_task_adapter(folder: Path, path: Path, task: str) -> None:
+    """One task's LoRA as the converter writes `lora-<task>-<name>.gguf`: general.type adapter, the alpha, task
+    name and prompt prefix, and each parametrized weight's `.lora_a` / `.lora_b` of that task (token_embd's B
+    transposed, token_types' pair swapped), F32."""
+    from safetensors.numpy import load_file
+
+    config = json.loads((folder / "config.json").read_text())
+    index = config["lora_adaptations"].index(task)
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.JINA_BERT_V3, config["num_hidden_layers"])
+    writer = gguf.GGUFWriter(str(path), "jina-bert-v3")
+    writer.add_type(gguf.GGUFType.ADAPTER)
+    writer.add_string(gguf.Keys.Adapter.TYPE, "lora")
+    writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, config["lora_alpha"])
+    writer.add_string(gguf.Keys.Adapter.LORA_TASK_NAME, task)
+    writer.add_string(gguf.Keys.Adapter.LORA_PROMPT_PREFIX, config["task_instructions"][task])
+    for key, value in load_file(str(folder / "model.safetensors")).items():
+        if not key.endswith((".0.lora_A", ".0.lora_B")):
+            continue
+        module = key.removeprefix("roberta.").replace(".parametrizations.weight.0.lora_", ".weight.lora_")
+        base, kind = module.rsplit(".weight.lora_", 1)
+        name = f"{names.get_name(base)}.weight.lora_{kind.lower()}"
+        data = value[index]
+        if name == "token_embd.weight.lora_b":
+            data = data.T
+        elif name.startswith("token_types.weight."):
+            name = name[:-1] + ("a" if name[-1] == "b" else "b")
+        writer.add_tensor(name, np.ascontiguousarray(data, dtype=np.float32))
+    finish(writer)
+
+
+def test_task_adapters_with_lora_equal_llama_servers(remote, jina_v3_gguf, tmp_path):
+    """--lora / --lora-scaled: the task's adapter merged into the base file's weights, as llama-server applies it
+    to every embedding (its graph leaves the token-type adapter out, so this is not jina's encode(task))."""
+    from tests.peer_llama import LlamaServer
+
+    query, passage = tmp_path / "lora-retrieval.query.gguf", tmp_path / "lora-retrieval.passage.gguf"
+    write_task_adapter(remote, query, "retrieval.query")
+    write_task_adapter(remote, passage, "retrieval.passage")
+    runs = {"query": ((str(query), 1.0),), "both": ((str(query), 0.5), (str(passage), 0.7))}
+    ours, ids = {}, None
+    for run, lora in {"base": (), **runs}.items():
+        eng = start_engine(jina_v3_gguf, max_seq=512, lora=lora)
+        try:
+            ids = [eng.encode_prompt([s]) for s in TEXTS]
+            ours[run] = eng.embed(ids).vectors
+        finally:
+            eng.close(wait=True)
+    flags = {"query": ["--lora", str(query)], "both": ["--lora-scaled", f"{query}:0.5,{passage}:0.7"]}
+    for run, args in flags.items():
+        with LlamaServer(jina_v3_gguf, "--embedding", *args) as llama:
+            assert ids == [llama.tokenize(s) for s in TEXTS]
+            theirs = llama.embeddings(TEXTS)
+        assert min(cosine(a, b) for a, b in zip(ours[run], theirs, strict=True)) >= 0.9999, run
+        assert min(cosine(a, b) for a, b in zip(ours[run], ours["base"], strict=True)) < 0.999, run  # it moved
+
+
+def test_lora_on_a_wrong_file_is_refused_naming_it(remote, jina_v3_gguf, tmp_path):
+    from engine.errors import UnsupportedCheckpoint
+
+    with pytest.raises(UnsupportedCheckpoint, match="general.type is 'model', not 'adapter'"):
+        start_engine(jina_v3_gguf, lora=((str(jina_v3_gguf), 1.0),))
+    with pytest.raises(UnsupportedCheckpoint, match="apply llama.cpp adapter GGUFs to a GGUF model"):
+        start_engine(remote, lora=((str(jina_v3_gguf), 1.0),))

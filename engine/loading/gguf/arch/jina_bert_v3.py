@@ -6,7 +6,7 @@ LayerNorm, then post-norm layers of a fused biased `attn_qkv`, NEOX rotary on wh
 `attn_output`, and a plain GELU `ffn_up` / `ffn_down` with biases; no position table and no head. The converter
 writes each task's LoRA adapter to its own GGUF (`lora-<task>-<name>.gguf`, general.type adapter,
 `adapter.lora.alpha`, `adapter.lora.task_name`, `adapter.lora.prompt_prefix`), so this file holds the trunk without
-any adapter: jina's encode(task=None).
+any adapter: jina's encode(task=None); `--lora` merges them at load (engine/loading/gguf/lora.py).
 """
 from __future__ import annotations
 
