@@ -43,6 +43,8 @@ class Checkpoint:
     # a yes/no reranker's LogitScore module (Qwen3-VL-Reranker's 1_LogitScore): (true_token_id, false_token_id)
     logit_score: tuple[int, int] | None = None
     splade: Splade | None = None  # a sparse encoder: its masked-LM head pooled by SPLADE
+    # GGUF only: llama.cpp LoRA adapter files merged at load, with their scales (--lora, --lora-scaled)
+    lora: tuple[tuple[str, float], ...] = ()
     label: str = ""  # the path as the user gave it (llama-server reports -m as typed)
     # the file format that read it, and that opens its tokenizer and loads its model: an
     # engine.loading.formats.CheckpointFormat (typed loosely here: the formats live above this record)

@@ -67,6 +67,8 @@ class EngineOptions:
     # checkpoint's own pixel bound (llama's --image-min-tokens / --image-max-tokens)
     image_min_tokens: int = -1
     image_max_tokens: int = -1
+    # llama.cpp LoRA adapter GGUFs (--lora: scale 1, --lora-scaled) merged into a GGUF model's weights at load
+    lora: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -195,6 +195,14 @@ class Settings(ExplicitSettings):
     reranker_model: list[str] = option(
         [], flags=["--reranker-model"], kind="accumulating", env="LLAMA_ARG_RERANKER_MODEL", metavar="REF[=ALIAS]",
         group="models", help="also serve this reranker (a folder, a .gguf file or an org/name[:QUANT] repository); repeatable")
+    lora: list[str] = option(
+        [], flags=["--lora"], kind="accumulating", metavar="FNAME", group="models",
+        help="llama.cpp LoRA adapter GGUF merged into a GGUF model's weights at load (scale 1), as llama-server "
+             "applies it to every embedding (jina-embeddings-v3's task adapters); several comma-separated, or "
+             "repeat the option")
+    lora_scaled: list[str] = option(
+        [], flags=["--lora-scaled"], kind="accumulating", metavar="FNAME:SCALE", group="models",
+        help="a LoRA adapter GGUF as --lora, with its scale; several comma-separated, or repeat the option")
     models_max: int = option(
         4, flags=["--models-max"], env="LLAMA_ARG_MODELS_MAX", metavar="N", group="models",
         help="most models loaded at once; the least recently used idle one is unloaded first; 0 = no limit")
@@ -297,6 +305,16 @@ class Settings(ExplicitSettings):
             raise ValueError("must be 0 (off) or a number of windows")
         return value
 
+    @field_validator("lora_scaled")
+    @classmethod
+    def _adapter_and_scale(cls, value: list[str]) -> list[str]:
+        for item in value:
+            parts = item.split(":")
+            if len(parts) != 2:
+                raise ValueError(f"{item!r}: lora-scaled format: FNAME:SCALE")
+            float(parts[1])
+        return value
+
     @field_validator("models_max")
     @classmethod
     def _models_max_not_negative(cls, value: int) -> int:
@@ -358,6 +376,8 @@ class Settings(ExplicitSettings):
             image_max_pixels=self.image_max_pixels,
             image_min_tokens=self.image_min_tokens,
             image_max_tokens=self.image_max_tokens,
+            lora=tuple((path, 1.0) for path in self.lora)
+            + tuple((item.split(":")[0], float(item.split(":")[1])) for item in self.lora_scaled),
         )
 
 
@@ -368,7 +388,7 @@ _IGNORED_WITH_VALUE = (
     "-ctv --cache-type-v", "-n --n-predict --predict", "-hft --hf-token", "--mmproj",
     "-cram --cache-ram", "--chat-template", "--chat-template-file",
     "--reasoning-format", "--slot-save-path", "-gan --grp-attn-n", "-gaw --grp-attn-w", "-dev --device",
-    "--models-dir", "-mu --model-url", "--lora", "--spec-type", "--tools",
+    "--models-dir", "-mu --model-url", "--spec-type", "--tools",
 )
 _IGNORED_FLAGS = (
     "--jinja --no-jinja", "-cb --cont-batching -nocb --no-cont-batching", "-kvu --kv-unified -no-kvu --no-kv-unified",

@@ -110,14 +110,15 @@ class EmbeddingPipeline(Pipeline):
 
 
 class CrossEncoderPipeline(Pipeline):
-    """A sequence classifier with one label: the raw logit per (query, document) row."""
+    """A sequence classifier with one label: the raw logit per (query, document) row. A GGUF reranker's head with
+    several outputs (llama.cpp's n_cls_out): the row of them, which reranking reads the first of."""
 
     def __init__(self, model: nn.Module):
         self.model = model
 
     def launch(self, ids: np.ndarray, mask: np.ndarray, type_ids: np.ndarray, lengths: list[int]) -> Collect:
         logits = _started(self.model(mx.array(ids), mx.array(mask), mx.array(type_ids)).astype(mx.float32))
-        return lambda: list(np.array(logits)[:, 0])
+        return lambda: list(np.array(logits)[:, 0]) if logits.shape[1] == 1 else list(np.array(logits))
 
 
 class ClassifierPipeline(Pipeline):

@@ -511,7 +511,7 @@ class Engine:
         type_lists = None if model.prompt is not None else [types for _, types in pairs]
         results, timings = self._serve([ids for ids, _ in pairs], type_lists, timeout_s)
         timings.tokenize_s = tokenize_s
-        scores = [float(r.value) for r in results]
+        scores = [float(np.atleast_1d(r.value)[0]) for r in results]  # several outputs: the first (llama's embd[0])
         if (self.options.rerank_sigmoid if sigmoid is None else sigmoid) and not probabilities:
             scores = [1.0 / (1.0 + math.exp(-s)) for s in scores]
         best = [-math.inf] * len(documents)

@@ -66,6 +66,12 @@ def load(opts: EngineOptions, lanes: int, blas_threads: int) -> tuple[Runner, Se
     ckpt = formats.open_checkpoint(hub.resolve(opts.model_path, opts.hf_repo, opts.offline, opts.hf_file),
                                    label=opts.model_path or "")
     ckpt = with_splade(ckpt, opts.pooling)
+    if opts.lora:
+        if ckpt.format.name != "gguf":
+            raise UnsupportedCheckpoint(f"{ckpt.path}: --lora / --lora-scaled apply llama.cpp adapter GGUFs to a "
+                                        f"GGUF model; this is a {ckpt.format.name} checkpoint (merge the adapter "
+                                        f"into it first)")
+        ckpt = replace(ckpt, lora=opts.lora)
     rank_mode = opts.pooling is Pooling.RANK
     kind = ckpt.format.kind_of(ckpt, rank=rank_mode)
     if rank_mode and kind == registry.EMBEDDER:
@@ -183,11 +189,15 @@ def with_splade(ckpt: Checkpoint, flag: Pooling | None) -> Checkpoint:
 
 
 def served_labels(ckpt: Checkpoint, kind: str) -> tuple[str, ...]:
-    """A classifier's labels; a cross-encoder's one label (LABEL_0 where its config does not name it: a GGUF)."""
+    """A classifier's labels; a cross-encoder's one label (LABEL_0 where its config does not name it). A GGUF
+    reranker's head has the file's classifier.output_labels (several: llama-server ranks by the first, and
+    /predict and /classify score them all), else one output."""
     if kind == registry.CLASSIFIER:
         return registry.label_names(ckpt)
     if kind == registry.CROSS_ENCODER:
-        names = registry.label_names(ckpt) if ckpt.format.name != "gguf" else ()
+        if ckpt.format.name == "gguf":
+            return registry.label_names(ckpt) if ckpt.config.get("id2label") else ("LABEL_0",)
+        names = registry.label_names(ckpt)
         return names if len(names) == 1 else ("LABEL_0",)
     return ()
 

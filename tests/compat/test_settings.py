@@ -325,12 +325,12 @@ def test_help():
 def test_ignored_options_with_and_without_values(caplog):
     caplog.set_level(logging.INFO)
     argv = ["-ngl", "99", "--jinja", "-m", "m", "--temp", "0", "-s", "42", "-fa", "on", "--n_gpu_layers", "1",
-            "-cb", "--no-webui", "--ctx-size", "64", "--models-dir", "d", "--lora=x.gguf", "-dev", "none",
+            "-cb", "--no-webui", "--ctx-size", "64", "--models-dir", "d", "--spec-type=ngram", "-dev", "none",
             "--reasoning-format", "none", "--no-mmap", "--kv-unified", "--tools", "all", "-hft", "tok"]
     s = parse(argv)
     assert (s.model, s.ctx_size) == ("m", 64)
     assert messages(caplog, logging.INFO) == [f"ignoring {flag}: not used by mlx-embed-server" for flag in [
-        "-ngl", "--jinja", "--temp", "-fa", "-cb", "--no-webui", "--models-dir", "--lora", "-dev",
+        "-ngl", "--jinja", "--temp", "-fa", "-cb", "--no-webui", "--models-dir", "--spec-type", "-dev",
         "--reasoning-format", "--no-mmap", "--kv-unified", "--tools", "-hft"]]  # once per option
 
 

@@ -205,6 +205,7 @@ def write_qwen3_reranker_gguf(folder: Path, path: Path) -> None:
                               config.rope_parameters["rope_theta"])
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_pooling_type(gguf.PoolingType.RANK)
+    writer.add_classifier_output_labels(["yes", "no"])  # conversion/qwen.py: cls.output's two rows
     vocab = add_bpe_vocabulary(writer, tokenizer, "gpt-2", QWEN3_SPECIALS)
     writer.add_eos_token_id(vocab["<|im_end|>"])
     writer.add_pad_token_id(vocab["<|endoftext|>"])

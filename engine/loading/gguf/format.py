@@ -49,6 +49,9 @@ class GGUFFormat:
             config = mapping.config(gguf.metadata, arch, shapes)
         except KeyError as exc:
             raise UnsupportedCheckpoint(f"{path}: GGUF metadata {exc.args[0]!r} is missing") from None
+        labels = gguf.arch_value("classifier.output_labels")
+        if labels is not None and len(labels):  # llama.cpp's n_cls_out: the converter's id2label, in id order
+            config["id2label"] = {str(i): str(label) for i, label in enumerate(labels)}
         stored = gguf.arch_value("pooling_type")
         if stored is not None and int(stored) not in _POOLING:
             raise UnsupportedCheckpoint(f"{path}: pooling_type {stored} is not supported")

@@ -13,6 +13,7 @@ from mlx.utils import tree_flatten
 from engine.checkpoint import Checkpoint
 from engine.errors import UnsupportedCheckpoint
 from engine.families.base import Trunk
+from engine.loading.gguf import lora
 from engine.loading.gguf.arch import for_architecture
 from engine.loading.heads import Projection
 from engine.loading.weights import compute_dtype, materialize
@@ -65,6 +66,7 @@ def build(checkpoint: Checkpoint, gguf: GGUFFile, dtype: str = "auto") -> tuple[
     family = importlib.import_module(f"engine.families.{mapping.FAMILY}")
     trunk = family.Model(family.ModelArgs.from_dict(checkpoint.config))
     trunk_weights, head_weights = {}, {}
+    adapted = lora.deltas(gguf, checkpoint.lora) if checkpoint.lora else {}
     dense_keys = dict(getattr(mapping, "DENSE", ()))
     dense_weights = {dense_keys[name]: tensor(gguf, name) for name in gguf.tensors if name in dense_keys}
     for name in gguf.tensors:
@@ -73,6 +75,8 @@ def build(checkpoint: Checkpoint, gguf: GGUFFile, dtype: str = "auto") -> tuple[
         hf_key = mapping.key(name)
         if hf_key is not None:
             weight = tensor(gguf, name)
+            if name in adapted:  # --lora: llama.cpp's adapters, merged
+                weight = weight.astype(mx.float32) + mx.array(adapted.pop(name))
             if hasattr(mapping, "transform"):
                 weight = mapping.transform(name, weight, checkpoint.config)
             trunk_weights[hf_key] = weight
@@ -81,6 +85,9 @@ def build(checkpoint: Checkpoint, gguf: GGUFFile, dtype: str = "auto") -> tuple[
         else:
             raise UnsupportedCheckpoint(f"{checkpoint.path}: tensor {name!r} has no place in the "
                                         f"{mapping.FAMILY} family (GGUF architecture {gguf.architecture!r})")
+    if adapted:
+        raise UnsupportedCheckpoint(f"{checkpoint.path}: --lora adapts {', '.join(sorted(adapted))}, which this "
+                                    f"model reads as no weight of its trunk")
     if hasattr(mapping, "rename"):  # names that depend on the whole file (t5encoder's gated feed-forward)
         trunk_weights = mapping.rename(trunk_weights, checkpoint.config)
     model: nn.Module = trunk
@@ -93,6 +100,11 @@ def build(checkpoint: Checkpoint, gguf: GGUFFile, dtype: str = "auto") -> tuple[
                 head_weights["cls_output.weight"].size // cls_width
         else:  # jina-bert-v2: `cls` is the classifier itself
             n_out = cls_width
+        n_cls_out = len(checkpoint.config.get("id2label") or {}) or 1  # as llama.cpp: the labels' count, else 1
+        if n_out != n_cls_out:
+            raise UnsupportedCheckpoint(f"{checkpoint.path}: the classifier has {n_out} outputs but the file names "
+                                        f"{n_cls_out} label(s) ({gguf.architecture}.classifier.output_labels); "
+                                        f"llama.cpp refuses it too")
         options = {"pooling": Pooling.LAST if mapping.CAUSAL else Pooling.CLS, "softmax": gguf.architecture == "qwen3"}
         if hasattr(mapping, "head_options"):  # an architecture llama.cpp scores its own way (modern-bert)
             options.update(mapping.head_options(checkpoint.config))

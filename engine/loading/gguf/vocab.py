@@ -182,8 +182,9 @@ def _byte_level_bpe(meta: dict[str, Any], tokens: list[str], source: str) -> Tok
 
 def _unigram(meta: dict[str, Any], tokens: list[str], source: str, rules: SpecialRules) -> Tokenizer:
     """SentencePiece unigram (XLM-R and T5 conversions): llama.cpp's UGM normalization is the precompiled
-    charsmap, then (remove_extra_whitespaces) runs of spaces collapsed and both ends stripped, then (add_space_prefix)
-    a leading space, spaces written as the meta symbol."""
+    charsmap, then (remove_extra_whitespaces) runs of spaces collapsed, both ends stripped and one space before the
+    first word, or else (add_space_prefix) one space more before the first word (llama.cpp adds it at the first
+    character that is not a space, so a text of spaces only gets none), spaces written as the meta symbol."""
     scores = meta.get("tokenizer.ggml.scores")
     if scores is None:
         raise UnsupportedCheckpoint(f"{source}: a unigram tokenizer without tokenizer.ggml.scores")
@@ -193,11 +194,15 @@ def _unigram(meta: dict[str, Any], tokens: list[str], source: str, rules: Specia
     charsmap = meta.get("tokenizer.ggml.precompiled_charsmap")
     if charsmap is not None and len(charsmap):
         steps.append(normalizers.Precompiled(np.asarray(charsmap).astype(np.uint8).tobytes()))
-    if _flag(meta, "remove_extra_whitespaces", True):
-        steps += [normalizers.Replace(Regex(" {2,}"), " "), normalizers.Strip(left=True, right=True)]
+    merge = _flag(meta, "remove_extra_whitespaces", True)
+    if merge:  # every word after one space: the first one too, whatever add_space_prefix says
+        steps += [normalizers.Replace(Regex(" {2,}"), " "), normalizers.Strip(left=True, right=True),
+                  normalizers.Replace(Regex("^(?=[^ ])"), " ")]
+    elif _flag(meta, "add_space_prefix", True):  # one space more before the first word, when there is a word
+        steps.append(normalizers.Replace(Regex("^(?=[ ]*[^ ])"), " "))
     tok.normalizer = normalizers.Sequence(steps)
-    prepend = "always" if _flag(meta, "add_space_prefix", True) else "never"
-    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement=PHANTOM_SPACE, prepend_scheme=prepend, split=True)
+    prepend = "always" if merge or _flag(meta, "add_space_prefix", True) else "never"
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement=PHANTOM_SPACE, prepend_scheme="never", split=True)
     tok.decoder = decoders.Metaspace(replacement=PHANTOM_SPACE, prepend_scheme=prepend, split=True)
     return tok
 

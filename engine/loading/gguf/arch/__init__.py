@@ -11,7 +11,8 @@ ARCHITECTURES = {"bert": "bert", "nomic-bert": "nomic_bert", "qwen3": "qwen3", "
                  "gemma-embedding": "gemma_embedding", "modern-bert": "modern_bert",
                  "qwen2": "qwen2", "lfm2": "lfm2", "t5encoder": "t5encoder", "eurobert": "eurobert",
                  "nomic-bert-moe": "nomic_bert_moe", "llama-embed": "llama_embed",
-                 "mistral3": "mistral3", "jina-bert-v2": "jina_bert_v2", "neo-bert": "neo_bert"}
+                 "mistral3": "mistral3", "jina-bert-v2": "jina_bert_v2", "jina-bert-v3": "jina_bert_v3",
+                 "neo-bert": "neo_bert"}
 
 
 def for_architecture(architecture: str, source: str) -> ModuleType:
