@@ -40,11 +40,15 @@ MIN_COSINE = 0.99999
 
 @pytest.fixture(scope="module")
 def hf(tmp_path_factory):
-    """transformers' JinaEmbeddingsV3Model, saved in its layout with a mean-pooling sentence-transformers layout."""
+    return save_hf(tmp_path_factory.mktemp("jina_v3"))
+
+
+def save_hf(folder: Path):
+    """transformers' JinaEmbeddingsV3Model, saved in its layout with a mean-pooling sentence-transformers layout
+    under `folder`; (folder, the model)."""
     t = torch()
     import transformers
 
-    folder = tmp_path_factory.mktemp("jina_v3")
     vocab = with_minilm_tokenizer(folder)
     t.manual_seed(51)
     config = transformers.JinaEmbeddingsV3Config(
