@@ -297,3 +297,22 @@ def test_unknown_task_is_refused():
     with pytest.raises(UnsupportedCheckpoint, match="task 'search' is not one of its adapters"):
         jina.ModelArgs.from_dict({"vocab_size": 10, "hidden_size": 8, "num_hidden_layers": 1,
                                   "num_attention_heads": 2, "lora_adaptations": TASKS, "task": "search"})
+
+
+def test_the_python_api_takes_the_task(remote):
+    """Encoder.encode(task=...) / (prompt_name=...): the vectors the engine gives for that task."""
+    from engine import Encoder
+
+    path, refs = remote
+    with Encoder(str(path), threads=2) as encoder:
+        for asked in ({"task": "retrieval.query"}, {"prompt_name": "retrieval.query"}):
+            got = encoder.encode(TEXTS[:2], **asked)
+            for text, vec in zip(TEXTS, got):
+                ids = encoder.engine.encode_prompt([INSTRUCTIONS["retrieval.query"] + text])
+                assert cosine(vec, hf_hidden(refs["retrieval.query"], ids).mean(axis=0)) >= MIN_COSINE, asked
+        pieces = ["Rotary embeddings rotate ", "query and key pairs."]
+        chunks = encoder.embed_late_chunks(pieces, task="separation").vectors
+        assert chunks.shape == (2, 64)
+        assert min(cosine(a, b) for a, b in zip(chunks, encoder.embed_late_chunks(pieces).vectors)) < 0.999
+        with pytest.raises(InvalidInput, match="task 'search'"):
+            encoder.encode(["x"], task="search")
