@@ -275,10 +275,11 @@ class Encoder(_Loaded):
 
     def encode_rows(self, texts: Sequence[str | None], *, normalize: bool | int = True,
                     dimensions: int | None = None, prompt_name: str | None = None, instruction: str | None = None,
-                    batch_size: int | None = None) -> EncodedRows:
+                    batch_size: int | None = None, task: str | None = None) -> EncodedRows:
         """Like encode, but a bad row (missing or empty text, too long without truncation) is reported in
         `errors` instead of failing the others: what a corpus job needs."""
         p = normalization(normalize)
+        chosen = choose_task(self.info, task, prompt_name)  # a bad task fails the job, not a row
         size = check_dimensions(dimensions, self.info.n_embd)
         errors: list[str | None] = [None] * len(texts)
         for i, text in enumerate(texts):
@@ -299,7 +300,7 @@ class Encoder(_Loaded):
                 vectors[i], n_tokens[i] = vector, n
             return EncodedRows(vectors, errors, n_tokens)
         encoded = self.engine.tokenizer.encode_prompts(self._prompts([texts[i] for i in present], prompt_name,
-                                                                     instruction))
+                                                                     instruction, chosen))
         good: list[int] = []
         token_lists: list[list[int]] = []
         for i, ids in zip(present, encoded):
@@ -312,7 +313,7 @@ class Encoder(_Loaded):
             else:
                 good.append(i)
         if good:
-            found, counts = self._embed(token_lists, batch_size, p, dimensions)
+            found, counts = self._embed(token_lists, batch_size, p, dimensions, task=chosen)
             vectors[good] = _stacked(found, size)
             for i, n in zip(good, counts):
                 n_tokens[i] = n

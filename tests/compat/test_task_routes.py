@@ -7,10 +7,12 @@ and /openapi.json say what a request may name; an unknown task, or any task for 
 from __future__ import annotations
 
 import numpy as np
+import orjson
 import pytest
 from falcon.testing import TestClient
 
 from compat.app import create_app
+from compat.cli import embed_main
 from compat.settings import parse_settings
 from tests.engine.families.test_jina_embeddings_v3 import (
     INSTRUCTIONS,
@@ -32,14 +34,14 @@ def served(tmp_path_factory):
     refs = references(model, remote_layout(folder, model, path))
     engine = start_engine(path)
     client = TestClient(create_app(parse_settings(["--embedding"], {}, system_config_files=[]), engine))
-    yield client, engine, refs
+    yield client, engine, refs, path
     engine.close()
 
 
 def expected(served, task: str | None, text: str, prompt: str | None = None) -> np.ndarray:
     """The reference's mean-pooled vector of `text` under `task`'s adapter, after `prompt` (default: the task's
     instruction, as Jina's encode(task=...) puts it)."""
-    _, engine, refs = served
+    _, engine, refs, _ = served
     prefix = prompt if prompt is not None else INSTRUCTIONS.get(task, "")
     return hf_hidden(refs[task], engine.encode_prompt([prefix + text])).mean(axis=0)
 
@@ -136,3 +138,29 @@ def test_a_task_for_a_model_without_adapters_is_refused(make_client):
     assert "tasks" not in client.simulate_get("/props").json
     tei = make_client("--embedding").simulate_post("/embed", json={"inputs": "hello", "task": "classification"})
     assert tei.status_code in (400, 422) and "no task adapters" in tei.json["error"]
+
+
+def test_mlx_embed_takes_the_task(served, capsys, tmp_path):
+    """mlx-embed --task: the vectors /v1/embeddings gives for that task; a corpus run records it; images and an
+    unknown task are refused."""
+    client, _, _, path = served
+    assert embed_main(["-m", str(path), "-p", TEXTS[0], "-p", TEXTS[1], "--task", "retrieval.passage", "--json"]) == 0
+    out = orjson.loads(capsys.readouterr().out)
+    assert_vectors(served, out["embeddings"], "retrieval.passage")
+    assert embed_main(["-m", str(path), "-p", TEXTS[0], "--task", "search"]) == 1
+    assert "task 'search' is not one of this model's tasks" in capsys.readouterr().err
+    image = tmp_path / "x.png"
+    image.write_bytes(b"\x89PNG")
+    assert embed_main(["-m", str(path), "--image", str(image), "--task", "separation"]) == 1
+    assert "--task: only the texts of a model with task adapters" in capsys.readouterr().err
+    source = tmp_path / "corpus.txt"
+    source.write_text("\n".join(TEXTS) + "\n")
+    output = tmp_path / "out.parquet"
+    assert embed_main(["-m", str(path), "--input", str(source), "--output", str(output), "--task", "separation",
+                       "--quiet"]) == 0
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(output)
+    vectors = [np.asarray(v, dtype=np.float64) for v in table.column("embedding").to_pylist()]
+    assert orjson.loads(table.schema.metadata[b"mlx_embed"])["task"] == "separation"
+    assert_vectors(served, vectors, "separation")
