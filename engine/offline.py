@@ -19,7 +19,6 @@ from engine.compute.normalize import check_dimensions
 from engine.errors import InputTooLong, InvalidInput
 from engine.runtime import loader
 from engine.runtime.engine import Engine
-from engine.text.prompts import choose_task
 from engine.types import EngineOptions, ImageInput, ModelInfo, Pooling, RerankItem, SparseVector
 
 # Inputs handed to the engine at once: under its queue bound, large enough to sort by length and fill batches.
@@ -177,7 +176,7 @@ class Encoder(_Loaded):
             vectors, n_tokens = self._embed_prompts([[text] for text in texts], batch_size, prompt_name,
                                                     instruction, p, dimensions, truncation_direction)
         else:
-            chosen = choose_task(self.info, task, prompt_name)
+            chosen = self.engine.choose_task(task, prompt_name)
             token_lists = self.engine.tokenizer.encode_prompts(self._prompts(list(texts), prompt_name, instruction,
                                                                              chosen))
             vectors, n_tokens = self._embed(token_lists, batch_size, p, dimensions, truncation_direction, chosen)
@@ -279,7 +278,7 @@ class Encoder(_Loaded):
         """Like encode, but a bad row (missing or empty text, too long without truncation) is reported in
         `errors` instead of failing the others: what a corpus job needs."""
         p = normalization(normalize)
-        chosen = choose_task(self.info, task, prompt_name)  # a bad task fails the job, not a row
+        chosen = self.engine.choose_task(task, prompt_name)  # a bad task fails the job, not a row
         size = check_dimensions(dimensions, self.info.n_embd)
         errors: list[str | None] = [None] * len(texts)
         for i, text in enumerate(texts):

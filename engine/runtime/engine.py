@@ -139,6 +139,11 @@ class Engine:
         self._worker.check_count(n_inputs)
 
     # -- embeddings -------------------------------------------------------------------------------
+    def choose_task(self, task: str | None, prompt_name: str | None = None) -> str | None:
+        """The task adapter a request runs with: `task`, else prompt_name's task, else the default (None: the
+        adapters off); InvalidInput for one the model lacks (engine/text/prompts.py choose_task)."""
+        return choose_task(self._require_embedder(), task, prompt_name)
+
     def format_prompts(self, prompts: Sequence[Sequence[str | int]], prompt_name: str | None = None,
                        instruction: str | None = None, truncate: bool | None = None,
                        truncation_direction: str = "right", task: str | None = None) -> list[list[str | int]]:
