@@ -35,7 +35,7 @@ from compat.openapi_ollama import ollama_operations, ollama_schemas
 from compat.openapi_others import other_servers_operations, other_servers_schemas
 from compat.openapi_tei import tei_answers, tei_operations, tei_schemas
 from compat.openapi_classify import classify_operations, classify_schemas
-from compat.openapi_fields import LATE_CHUNKING, TRUNCATION_DIRECTION
+from compat.openapi_fields import LATE_CHUNKING, TRUNCATION_DIRECTION, task_field
 from compat.wire.inputs import MAX_JSON_DEPTH
 from engine.types import Pooling
 
@@ -149,7 +149,7 @@ def _embeddings_request(settings: Settings, serving: Serving, models: list[Serve
                                                           "`instruction_template`); null when it has none"},
             "dimensions": {**dimensions, "description": "keep the first N components (Matryoshka), 1 to the "
                                                         "model's width; a multi-vector model refuses it"},
-            "late_chunking": LATE_CHUNKING, "truncation_direction": TRUNCATION_DIRECTION,
+            "late_chunking": LATE_CHUNKING, "truncation_direction": TRUNCATION_DIRECTION, "task": task_field(infos),
         }}
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from compat.catalog import EMBEDDING
-from compat.openapi_serving import Refusal, Serving, names, refusals
+from compat.openapi_serving import Refusal, Serving, known, names, refusals
 
-from compat.openapi_fields import LATE_CHUNKING, TRUNCATION_DIRECTION
+from compat.openapi_fields import LATE_CHUNKING, TRUNCATION_DIRECTION, task_field
 
 if TYPE_CHECKING:
     from compat.settings import Settings
@@ -63,7 +63,8 @@ def ollama_schemas(settings: Settings, serving: Serving) -> dict[str, Schema]:
             "dimensions": {"type": ["integer", "null"],
                            "description": "keep the first N components, then L2-normalize"},
             "keep_alive": _KEEP_ALIVE, "options": _OPTIONS,
-            "late_chunking": LATE_CHUNKING, "truncation_direction": TRUNCATION_DIRECTION}},
+            "late_chunking": LATE_CHUNKING, "truncation_direction": TRUNCATION_DIRECTION,
+            "task": task_field(known(serving.of_kind(EMBEDDING) if serving.router else list(serving.models)))}},
         "OllamaEmbed": {"type": "object", "required": ["model", "embeddings"], "properties": {
             "model": _STRING, "embeddings": {"type": "array", "items": _VECTOR}, "total_duration": _INT,
             "load_duration": _INT, "prompt_eval_count": _INT}},

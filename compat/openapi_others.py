@@ -9,7 +9,7 @@ from compat.catalog import EMBEDDING, RERANK
 from compat.openapi_serving import Refusal, Serving, known, model_field, names, refusals
 from engine.types import Pooling
 
-from compat.openapi_fields import LATE_CHUNKING
+from compat.openapi_fields import LATE_CHUNKING, task_field
 
 if TYPE_CHECKING:
     from compat.settings import Settings
@@ -57,8 +57,8 @@ def _cohere_schemas(serving: Serving, batch: int) -> dict[str, Schema]:
                 "model": model_field(serving, names(_embedders(serving)), "an embedding model"),
                 "input_type": _nullable({"enum": ["search_query", "search_document", "classification",
                                                   "clustering"],
-                                         "description": "picks the checkpoint's matching named prompt "
-                                                        "(docs/routes.md)"}),
+                                         "description": "picks the checkpoint's matching named prompt, and a "
+                                                        "task-adapter model's matching task (docs/routes.md)"}),
                 "embedding_types": _nullable({"type": "array", "minItems": 1, "items": {
                     "enum": ["float", "int8", "uint8", "binary", "ubinary", "base64"]}}),
                 "output_dimension": _nullable({"type": "integer", "minimum": 1,
@@ -68,7 +68,7 @@ def _cohere_schemas(serving: Serving, batch: int) -> dict[str, Schema]:
                                                                         "its start, NONE refuses it (any case)"}),
                 "images": {"type": "null", "description": "refused (400) unless null"},
                 "inputs": {"type": "null", "description": "refused (400) unless null"},
-                "late_chunking": LATE_CHUNKING,
+                "late_chunking": LATE_CHUNKING, "task": task_field(infos),
             }},
         "CohereEmbedV1": {
             "type": "object", "required": ["id", "texts", "embeddings", "meta", "response_type"],

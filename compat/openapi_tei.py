@@ -9,7 +9,7 @@ from compat.catalog import EMBEDDING, RERANK
 from compat.openapi_serving import Refusal, Serving, known, model_field, names, refusals, token
 from engine.types import ModelInfo, Pooling
 
-from compat.openapi_fields import LATE_CHUNKING, TRUNCATION_DIRECTION
+from compat.openapi_fields import LATE_CHUNKING, TRUNCATION_DIRECTION, task_field
 
 if TYPE_CHECKING:
     from compat.settings import Settings
@@ -72,10 +72,12 @@ def tei_schemas(settings: Settings, serving: Serving) -> dict[str, Schema]:
                       "contains": {"minItems": 1}}]}
     return {
         "TeiEmbedRequest": {"type": "object", "required": ["inputs"], "properties": {
-            **common, "normalize": _OPTIONAL_BOOL, "dimensions": dimensions, "late_chunking": LATE_CHUNKING}},
+            **common, "normalize": _OPTIONAL_BOOL, "dimensions": dimensions, "late_chunking": LATE_CHUNKING,
+            "task": task_field(infos)}},
         "TeiEmbedAllRequest": {"type": "object", "required": ["inputs"], "properties": {
             **common, "late_chunking": {"enum": [False, None], "description": "true is refused (422): /embed_all "
-                                                                               "answers the unpooled rows"}}},
+                                                                               "answers the unpooled rows"},
+            "task": task_field(infos)}},
         "TeiEmbedSparseRequest": {"type": "object", "required": ["inputs"], "properties": {
             **common, "model": model_field(serving, names(embedders), "a sparse (SPLADE) embedding model"),
             "max_active_dims": {"type": ["integer", "null"], "minimum": 1,

@@ -74,6 +74,9 @@ def embed_texts(command: EmbedCommand, out: TextIO) -> int:
     ref, name = model_ref(command, bundled_default=True)
     labels = [*command.prompt, *(f"[image] {path}" for path in command.image)]
     with Encoder(ref, **command.engine_kwargs()) as encoder:
+        if command.task is not None and (images or encoder.info.multi_vector):
+            raise SettingsError(f"--task: only the texts of a model with task adapters (jina-embeddings-v3) run a "
+                                f"task; {'images' if images else 'a multi-vector model'} take none")
         if encoder.info.multi_vector:
             if command.dimensions is not None:
                 raise SettingsError("--dimensions: a multi-vector model keeps its token vectors' full width")

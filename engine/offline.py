@@ -137,31 +137,35 @@ class Encoder(_Loaded):
         return self.info.n_embd
 
     def _prompts(self, texts: Sequence[str], prompt_name: str | None,
-                 instruction: str | None) -> list[list[str | int]]:
+                 instruction: str | None, task: str | None = None) -> list[list[str | int]]:
         """Each text as the server's one-text prompt, with the prompt or instruction the server would add."""
         for text in texts:
             if not isinstance(text, str):
                 raise InvalidInput(f"texts must be strings, not {type(text).__name__}")
-        return self.engine.format_prompts([[text] for text in texts], prompt_name, instruction)
+        return self.engine.format_prompts([[text] for text in texts], prompt_name, instruction, task=task)
 
     def encode(self, texts: str | Sequence[str], *, normalize: bool | int = True, dimensions: int | None = None,
                prompt_name: str | None = None, instruction: str | None = None,
-               batch_size: int | None = None, truncation_direction: str = "right") -> np.ndarray:
+               batch_size: int | None = None, truncation_direction: str = "right",
+               task: str | None = None) -> np.ndarray:
         """Vectors [n, d] float32 in input order (one text: still [1, d]).
 
         normalize: True = L2, False = raw, or llama's embd_normalize integer (0 max-abs, 1 taxicab, p>2 p-norm).
         dimensions: keep the first N components before normalizing. batch_size: the most texts one forward
         pass may hold (default: the engine's own limits). truncation_direction: with truncate=True, "left" cuts
-        an over-long text's start instead of its end. Raises InvalidInput (EmptyInput, InputTooLong) like the
-        server answers 400.
+        an over-long text's start instead of its end. task: a task-adapter model's task (jina-embeddings-v3:
+        retrieval.query, ...), its instruction before each text unless prompt_name is given, as the server's
+        `task` field (None: prompt_name's task, else the model's default). Raises InvalidInput (EmptyInput,
+        InputTooLong) like the server answers 400.
         """
         return self.embed(texts, normalize=normalize, dimensions=dimensions, prompt_name=prompt_name,
                           instruction=instruction, batch_size=batch_size,
-                          truncation_direction=truncation_direction).vectors
+                          truncation_direction=truncation_direction, task=task).vectors
 
     def embed(self, texts: str | Sequence[str], *, normalize: bool | int = True, dimensions: int | None = None,
               prompt_name: str | None = None, instruction: str | None = None,
-              batch_size: int | None = None, truncation_direction: str = "right") -> Embedded:
+              batch_size: int | None = None, truncation_direction: str = "right",
+              task: str | None = None) -> Embedded:
         """`encode` with each input's token count (what the server reports as usage)."""
         if isinstance(texts, str):
             texts = [texts]
@@ -172,13 +176,16 @@ class Encoder(_Loaded):
             vectors, n_tokens = self._embed_prompts([[text] for text in texts], batch_size, prompt_name,
                                                     instruction, p, dimensions, truncation_direction)
         else:
-            token_lists = self.engine.tokenizer.encode_prompts(self._prompts(list(texts), prompt_name, instruction))
-            vectors, n_tokens = self._embed(token_lists, batch_size, p, dimensions, truncation_direction)
+            chosen = self.engine.choose_task(task, prompt_name)
+            token_lists = self.engine.tokenizer.encode_prompts(self._prompts(list(texts), prompt_name, instruction,
+                                                                             chosen))
+            vectors, n_tokens = self._embed(token_lists, batch_size, p, dimensions, truncation_direction, chosen)
         return Embedded(_stacked(vectors, size), n_tokens)
 
     def embed_late_chunks(self, chunks: Sequence[str], *, normalize: bool | int = True,
                           dimensions: int | None = None, prompt_name: str | None = None,
-                          instruction: str | None = None, truncation_direction: str = "right") -> Embedded:
+                          instruction: str | None = None, truncation_direction: str = "right",
+                          task: str | None = None) -> Embedded:
         """Late chunking: `chunks`, consecutive pieces of one document joined exactly as given, embedded in one
         pass; one vector per chunk, pooled from the tokens that start inside it (Engine.embed_late_chunks), with
         each chunk's token count (the first's holds the prompt's and the special tokens)."""
@@ -188,7 +195,7 @@ class Encoder(_Loaded):
         size = check_dimensions(dimensions, self.info.n_embd)
         result = self.engine.embed_late_chunks(list(chunks), prompt_name=prompt_name, instruction=instruction,
                                                embd_normalize=normalization(normalize), dimensions=dimensions,
-                                               truncation_direction=truncation_direction)
+                                               truncation_direction=truncation_direction, task=task)
         return Embedded(_stacked(result.vectors, size), result.n_tokens)
 
     def embed_sparse(self, texts: str | Sequence[str], *, prompt_name: str | None = None,
@@ -244,11 +251,12 @@ class Encoder(_Loaded):
         return [slice(start, start + chunk) for start in range(0, n, chunk)]
 
     def _embed(self, token_lists: list[list[int]], batch_size: int | None, embd_normalize: int,
-               dimensions: int | None, truncation_direction: str = "right") -> tuple[list[np.ndarray], list[int]]:
+               dimensions: int | None, truncation_direction: str = "right",
+               task: str | None = None) -> tuple[list[np.ndarray], list[int]]:
         """Pooled vectors, finished by the engine (`dimensions`, then `embd_normalize`), and token counts, in order."""
         self._one_vector_per_input()
         results = [self.engine.embed(token_lists[part], embd_normalize=embd_normalize, dimensions=dimensions,
-                                     truncation_direction=truncation_direction)
+                                     truncation_direction=truncation_direction, task=task)
                    for part in self._chunks(len(token_lists), batch_size)]
         return [v for r in results for v in r.vectors], [n for r in results for n in r.n_tokens]
 
@@ -266,10 +274,11 @@ class Encoder(_Loaded):
 
     def encode_rows(self, texts: Sequence[str | None], *, normalize: bool | int = True,
                     dimensions: int | None = None, prompt_name: str | None = None, instruction: str | None = None,
-                    batch_size: int | None = None) -> EncodedRows:
+                    batch_size: int | None = None, task: str | None = None) -> EncodedRows:
         """Like encode, but a bad row (missing or empty text, too long without truncation) is reported in
         `errors` instead of failing the others: what a corpus job needs."""
         p = normalization(normalize)
+        chosen = self.engine.choose_task(task, prompt_name)  # a bad task fails the job, not a row
         size = check_dimensions(dimensions, self.info.n_embd)
         errors: list[str | None] = [None] * len(texts)
         for i, text in enumerate(texts):
@@ -290,7 +299,7 @@ class Encoder(_Loaded):
                 vectors[i], n_tokens[i] = vector, n
             return EncodedRows(vectors, errors, n_tokens)
         encoded = self.engine.tokenizer.encode_prompts(self._prompts([texts[i] for i in present], prompt_name,
-                                                                     instruction))
+                                                                     instruction, chosen))
         good: list[int] = []
         token_lists: list[list[int]] = []
         for i, ids in zip(present, encoded):
@@ -303,7 +312,7 @@ class Encoder(_Loaded):
             else:
                 good.append(i)
         if good:
-            found, counts = self._embed(token_lists, batch_size, p, dimensions)
+            found, counts = self._embed(token_lists, batch_size, p, dimensions, task=chosen)
             vectors[good] = _stacked(found, size)
             for i, n in zip(good, counts):
                 n_tokens[i] = n

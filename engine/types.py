@@ -103,6 +103,10 @@ class ModelInfo:
     prompts: tuple[tuple[str, str], ...] = ()
     default_prompt_name: str | None = None
     instruction_template: str | None = None
+    # task adapters (jina-embeddings-v3): each task's name, in adapter order, and the instruction its texts get
+    # (config.json task_instructions; "" none); the task a request naming none gets (None: the adapters off)
+    tasks: tuple[tuple[str, str], ...] = ()
+    default_task: str | None = None
     chat_template_inputs: bool = False  # texts are rendered with the checkpoint's chat template
     modalities: tuple[str, ...] = ("text",)  # what an input may be: "text", "image"
     image_tokens: int = 0  # a dual-encoder's image tower: what one image counts as (usage, batch budgets)

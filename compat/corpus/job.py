@@ -28,7 +28,8 @@ def job_description(command: EmbedCommand, name: str, ref: str, reader: CorpusRe
             "text_field": command.text_field, "id_field": command.id_field if reader.ids_from_field else None,
             "rows_per_group": command.rows_per_group, "embd_normalize": command.embd_normalize,
             "dimensions": command.dimensions, "prompt_name": command.prompt_name,
-            "instruction": command.instruction, "engine": options}
+            "instruction": command.instruction, **({"task": command.task} if command.task is not None else {}),
+            "engine": options}
 
 
 def local_groups(command: EmbedCommand, ref: str, reader: CorpusReader) -> Iterator[Group]:

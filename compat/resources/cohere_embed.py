@@ -42,10 +42,11 @@ class CohereEmbedResource:
             if info.pooling is Pooling.NONE or info.multi_vector:
                 raise bad_request(NOT_POOLED)
             request = parse_cohere_embed_request(body(), version=self._version, width=info.n_embd,
-                                                 prompt_names=[name for name, _ in info.prompts])
+                                                 prompt_names=[name for name, _ in info.prompts],
+                                                 task_names=[name for name, _ in info.tasks])
             check_client_batch(len(request.texts), served.settings.max_client_batch_size, "texts")
             result = embed_request_prompts(served, [[text] for text in request.texts], request.truncate,
                                            request.prompt_name, None, 2, request.dimensions,
-                                           request.truncation_direction, request.late_chunking)
+                                           request.truncation_direction, request.late_chunking, request.task)
             served.record(result)
         resp.media = render_cohere_embed_response(request, result, response_id=str(uuid.uuid4()))

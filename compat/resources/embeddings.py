@@ -38,7 +38,7 @@ class EmbeddingsResource:
             stages.stamp(req, "engine_in")
             result = embed_request_prompts(served, request.prompts, request.truncate, request.prompt_name,
                                            request.instruction, request.embd_normalize, request.dimensions,
-                                           request.truncation_direction, request.late_chunking)
+                                           request.truncation_direction, request.late_chunking, request.task)
             stages.stamp(req, "engine_out")
             served.record(result)
         resp.media = render_embeddings_response(request, result, served.name)
@@ -47,27 +47,31 @@ class EmbeddingsResource:
 
 def embed_request_prompts(served: Served, prompts: list[Prompt], truncate: bool | None, prompt_name: str | None,
                           instruction: str | None, embd_normalize: int, dimensions: int | None,
-                          truncation_direction: str = "right", late_chunking: bool = False) -> EmbedResult:
+                          truncation_direction: str = "right", late_chunking: bool = False,
+                          task: str | None = None) -> EmbedResult:
     """A request's prompts through the engine: images fetched here (the engine decodes them, and tokenizes the
     texts, off its thread); prompt_name / instruction applied as the model's family does; the vectors come back
     finished by the engine (dimensions, then embd_normalize); truncation_direction "left": cut inputs lose
     their start (TEI's Left). late_chunking: the prompts are texts, consecutive chunks of one document, one vector
-    each (Engine.embed_late_chunks)."""
+    each (Engine.embed_late_chunks). task: the task adapter (None: prompt_name's task, else the model's default),
+    whose instruction the texts get when neither prompt_name nor instruction is given."""
     engine = served.engine
     if late_chunking:
         return engine.embed_late_chunks(chunk_texts(prompts), truncate=truncate, timeout_s=served.remaining_s,
                                         prompt_name=prompt_name, instruction=instruction,
                                         embd_normalize=embd_normalize, dimensions=dimensions,
-                                        truncation_direction=truncation_direction)
+                                        truncation_direction=truncation_direction, task=task)
     engine.check_count(len(prompts))  # before any image is fetched
     labels = [f"input {i}" for i in range(len(prompts))]
     if engine.info.vision_language or engine.info.query_document_roles:  # the family formats its inputs
         return engine.embed_prompts(with_images(labels, prompts, served.settings), truncate=truncate,
                                     timeout_s=served.remaining_s, prompt_name=prompt_name, instruction=instruction,
                                     embd_normalize=embd_normalize, dimensions=dimensions,
-                                    truncation_direction=truncation_direction)
-    texts = iter(engine.format_prompts([p for p in prompts if not has_media(p)], prompt_name, instruction, truncate))
+                                    truncation_direction=truncation_direction, task=task)
+    texts = iter(engine.format_prompts([p for p in prompts if not has_media(p)], prompt_name, instruction, truncate,
+                                       task=task))
     inputs = with_images(labels, prompts, served.settings)
     return engine.embed_prompts([item if isinstance(item, ImageInput) else next(texts) for item in inputs],
                                 truncate=truncate, timeout_s=served.remaining_s, embd_normalize=embd_normalize,
-                                dimensions=dimensions, truncation_direction=truncation_direction)
+                                dimensions=dimensions, truncation_direction=truncation_direction,
+                                prompt_name=prompt_name, task=task)

@@ -118,7 +118,7 @@ class OllamaEmbedResource:
         if request.texts:
             check_client_batch(len(request.texts), served.settings.max_client_batch_size, "inputs")
             result = self._embed(served, request.texts, request.truncate, 2, request.dimensions,
-                                 request.truncation_direction, request.late_chunking)
+                                 request.truncation_direction, request.late_chunking, request.task)
         _unload_after(self._models, served, request.keep_alive_s)
         return render_embed_response(request.model, result, nanoseconds(time.monotonic() - started),
                                      nanoseconds(loaded - started))
@@ -135,10 +135,10 @@ class OllamaEmbedResource:
     @staticmethod
     def _embed(served: Served, texts: list[str], truncate: bool | None, normalize: int,
                dimensions: int | None, truncation_direction: str = "right",
-               late_chunking: bool = False) -> EmbedResult:
+               late_chunking: bool = False, task: str | None = None) -> EmbedResult:
         try:
             result = embed_request_prompts(served, [[text] for text in texts], truncate, None, None, normalize,
-                                           dimensions, truncation_direction, late_chunking)
+                                           dimensions, truncation_direction, late_chunking, task)
         except InputTooLong:
             if truncate is False:
                 raise ApiError(400, "invalid_request_error", TOO_LONG) from None

@@ -46,7 +46,7 @@ def _embed(served: Served, body: dict, *, per_token: bool) -> list:
     _check_batch(served, len(request.prompts))
     result = embed_request_prompts(served, request.prompts, request.truncate, request.prompt_name, None,
                                    request.embd_normalize, request.dimensions,
-                                   "left" if request.truncate_left else "right", request.late_chunking)
+                                   "left" if request.truncate_left else "right", request.late_chunking, request.task)
     served.record(result)
     return render_embed_response(result)
 

@@ -89,6 +89,11 @@ class EmbedCommand(_ModelOptions):
     prompt_name: str | None = option(
         None, flags=["--prompt-name"], metavar="NAME", group="model",
         help="a prompt of the model's config_sentence_transformers.json put before every text")
+    task: str | None = option(
+        None, flags=["--task"], metavar="NAME", group="model",
+        help="the task adapter of a model that has them (jina-embeddings-v3: retrieval.query, retrieval.passage, "
+             "separation, classification, text-matching), its instruction before every text; unset = "
+             "--prompt-name's task, else the model's default")
     dimensions: int | None = option(None, flags=["--dimensions"], metavar="N", group="model",
                                     help="keep the first N components of each vector (Matryoshka), then normalize")
     pooling: Pooling | None = shared_option("pooling")
@@ -126,7 +131,7 @@ class EmbedCommand(_ModelOptions):
     def encode_kwargs(self) -> dict[str, Any]:
         """Encoder.embed / encode_rows keyword arguments this command's options set (a corpus run's and -p's)."""
         return {"normalize": self.embd_normalize, "dimensions": self.dimensions, "prompt_name": self.prompt_name,
-                "instruction": self.instruction, "batch_size": self.batch_size or None}
+                "instruction": self.instruction, "batch_size": self.batch_size or None, "task": self.task}
 
     def normalize_given(self) -> bool:
         """--embd-normalize set away from its default (2: Euclidean)."""

@@ -6,7 +6,10 @@ Request: `texts` (a non-empty list of strings), `model`, `input_type`, `embeddin
 - `input_type` picks one of the checkpoint's named prompts (config_sentence_transformers.json): the first of
   INPUT_TYPE_PROMPTS[input_type] the model has (search_query: "search_query", "query"; search_document:
   "search_document", "document", "passage", "corpus"; classification: "classification"; clustering:
-  "clustering"), else the model's default prompt, as a request without `input_type` gets.
+  "clustering"), else the model's default prompt, as a request without `input_type` gets. A model with task
+  adapters (jina-embeddings-v3) also runs the adapter TASK_FOR_INPUT_TYPE names (search_query: retrieval.query,
+  search_document: retrieval.passage, classification: classification, clustering: separation), unless `task`
+  (ours, as on every embedding route) names one.
 - `embedding_types`: float, int8, uint8, binary, ubinary (engine/compute/quantize.py makes the codes: a fixed
   linear scale for int8 / uint8, sentence-transformers' packing for binary / ubinary) and base64 (each float32
   vector's little-endian bytes, base64-encoded).
@@ -73,6 +76,22 @@ class CohereEmbedRequest:
     truncate: bool  # END and START: True, NONE: False
     truncation_direction: str = "right"  # START: "left" (a cut keeps the text's end)
     late_chunking: bool = False  # our extension, as on every embedding route: the texts are chunks of one document
+    task: str | None = None  # the task adapter (`task`, else input_type's); None: the model's default
+
+
+# input_type -> the jina-embeddings-v3 task adapter that serves it (the model card's task descriptions)
+TASK_FOR_INPUT_TYPE = {"search_query": "retrieval.query", "search_document": "retrieval.passage",
+                       "classification": "classification", "clustering": "separation"}
+
+
+def task_for(task: Any, input_type: str | None, task_names: list[str]) -> str | None:
+    """`task` as given (the engine refuses one the model lacks), else input_type's task when the model has it."""
+    if task is not None:
+        if not isinstance(task, str):
+            raise _bad('"task" must be a string naming one of the model\'s task adapters')
+        return task
+    name = TASK_FOR_INPUT_TYPE.get(input_type or "")
+    return name if name in task_names else None
 
 
 def prompt_for_input_type(input_type: str | None, prompt_names: list[str]) -> str | None:
@@ -82,8 +101,8 @@ def prompt_for_input_type(input_type: str | None, prompt_names: list[str]) -> st
 
 
 def parse_cohere_embed_request(body: dict[str, Any], *, version: int, width: int,
-                               prompt_names: list[str]) -> CohereEmbedRequest:
-    """width: the model's embedding width; prompt_names: its named prompts."""
+                               prompt_names: list[str], task_names: list[str] = ()) -> CohereEmbedRequest:
+    """width: the model's embedding width; prompt_names: its named prompts; task_names: its task adapters."""
     for key in ("images", "inputs"):
         if body.get(key) is not None:
             raise _bad(NO_IMAGES.format(key=key, version=f"v{version}"))
@@ -121,7 +140,8 @@ def parse_cohere_embed_request(body: dict[str, Any], *, version: int, width: int
                               prompt_name=prompt_for_input_type(input_type, prompt_names),
                               dimensions=dimensions, truncate=truncate.upper() != "NONE",
                               truncation_direction="left" if truncate.upper() == "START" else "right",
-                              late_chunking=bool(late_chunking))
+                              late_chunking=bool(late_chunking),
+                              task=task_for(body.get("task"), input_type, list(task_names)))
 
 
 def _by_type(vectors: np.ndarray, kind: str) -> Any:

@@ -22,7 +22,14 @@ from typing import Any
 import numpy as np
 
 from compat.errors import bad_request
-from compat.wire.inputs import Prompt, parse_input_prompts, parse_late_chunking, parse_truncation_direction, whole
+from compat.wire.inputs import (
+    Prompt,
+    parse_input_prompts,
+    parse_late_chunking,
+    parse_task,
+    parse_truncation_direction,
+    whole,
+)
 from engine import QUANTIZED_TYPES, check_dimensions, quantize
 from engine.types import EmbedResult
 
@@ -46,6 +53,7 @@ class EmbeddingsRequest:
     dimensions: int | None = None  # keep the first N components (Matryoshka), before normalizing
     late_chunking: bool = False  # the inputs are consecutive chunks of one document (Jina's late chunking)
     truncation_direction: str = "right"  # TEI's: "left" keeps an over-long input's end
+    task: str | None = None  # a task adapter (jina-embeddings-v3); None: prompt_name's task, else the default
 
 
 def parse_embeddings_request(body: dict[str, Any], *, oai_route: bool, default_normalize: int,
@@ -89,7 +97,7 @@ def parse_embeddings_request(body: dict[str, Any], *, oai_route: bool, default_n
                              model=model if isinstance(model, str) else None,
                              prompt_name=prompt_name, instruction=instruction, dimensions=dimensions,
                              late_chunking=parse_late_chunking(body),
-                             truncation_direction=parse_truncation_direction(body))
+                             truncation_direction=parse_truncation_direction(body), task=parse_task(body))
 
 
 def _rows(vector: np.ndarray) -> np.ndarray:

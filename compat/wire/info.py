@@ -115,7 +115,7 @@ def request_capabilities(info: ModelInfo, *, prompt_texts: bool) -> dict[str, An
     `dimensions` range (Matryoshka; null for a multi-vector model, which refuses it), what an input may be
     (input_modalities: "text", "image") and whether the model answers one vector per token (multi_vector: a
     late-interaction model, which /maxsim scores); a sparse (SPLADE) encoder adds sparse: true and its
-    max_active_dims. A reranker has only input_modalities: what its query and documents may be; a sequence
+    max_active_dims; a model with task adapters adds its tasks and default_task. A reranker has only input_modalities: what its query and documents may be; a sequence
     classifier adds its labels and whether they are scored independently (multi_label: each label's sigmoid)
     rather than by softmax."""
     if info.is_classifier:  # its labels, and how they are scored (docs/routes.md, "Sequence classification")
@@ -131,7 +131,11 @@ def request_capabilities(info: ModelInfo, *, prompt_texts: bool) -> dict[str, An
             "input_modalities": list(info.modalities),
             "multi_vector": info.multi_vector,
             # a sparse (SPLADE) encoder: /embed_sparse answers it; n_embd is its vocabulary
-            **({"sparse": True, "max_active_dims": info.max_active_dims} if info.is_sparse else {})}
+            **({"sparse": True, "max_active_dims": info.max_active_dims} if info.is_sparse else {}),
+            # task adapters (jina-embeddings-v3): what `task` may name (with each one's instruction in /props),
+            # and what a request naming none runs with (null: the adapters off)
+            **({"tasks": dict(info.tasks) if prompt_texts else [name for name, _ in info.tasks],
+                "default_task": info.default_task} if info.tasks else {})}
 
 
 def render_slots_response(info: ModelInfo, n_processing: int) -> list[dict[str, Any]]:

@@ -247,6 +247,20 @@ def parse_late_chunking(body: dict[str, Any]) -> bool:
     return value
 
 
+BAD_TASK = '"task" must be a string naming one of the model\'s task adapters'
+
+
+def parse_task(body: dict[str, Any]) -> str | None:
+    """`task` (ours, on every embedding route): the task adapter of a model that has them (jina-embeddings-v3's
+    retrieval.query, retrieval.passage, separation, classification, text-matching); the engine refuses a task
+    the model lacks, naming its tasks (engine/text/prompts.py choose_task). Absent or null: `prompt_name` when it
+    names a task, else the model's default task."""
+    value = body.get("task")
+    if value is not None and not isinstance(value, str):
+        raise bad_request(BAD_TASK)
+    return value
+
+
 def parse_truncation_direction(body: dict[str, Any]) -> str:
     """TEI's `truncation_direction` on the routes whose own servers have none: "right" (default) or "left"."""
     value = body.get("truncation_direction")

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from compat.errors import ApiError, bad_request
-from compat.wire.inputs import parse_late_chunking, parse_truncation_direction, whole
+from compat.wire.inputs import parse_late_chunking, parse_task, parse_truncation_direction, whole
 from engine.types import EmbedResult, ModelInfo, VocabType
 
 LATEST = ":latest"
@@ -89,6 +89,7 @@ class OllamaEmbedRequest:
     keep_alive_s: float | None  # None: forever
     late_chunking: bool = False  # our extensions, as on every embedding route
     truncation_direction: str = "right"
+    task: str | None = None  # a task adapter (jina-embeddings-v3)
 
 
 def _model(body: dict[str, Any]) -> str:
@@ -131,7 +132,7 @@ def parse_embed_request(body: dict[str, Any], width: int) -> OllamaEmbedRequest:
     return OllamaEmbedRequest(model=_model(body), texts=texts, truncate=truncate, dimensions=kept,
                               keep_alive_s=parse_keep_alive(body.get("keep_alive")),
                               late_chunking=parse_late_chunking(body),
-                              truncation_direction=parse_truncation_direction(body))
+                              truncation_direction=parse_truncation_direction(body), task=parse_task(body))
 
 
 @dataclass(frozen=True)

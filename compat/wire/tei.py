@@ -141,6 +141,7 @@ class TeiEmbedRequest:
     dimensions: int | None
     truncate_left: bool = False
     late_chunking: bool = False  # our extension, as on every embedding route (/embed only)
+    task: str | None = None  # our extension, as on every embedding route: a task adapter (jina-embeddings-v3)
 
 
 def _prompts(value: Any) -> list[Prompt]:
@@ -157,18 +158,22 @@ def parse_embed_request(body: dict[str, Any], *, width: int, per_token: bool = F
     prompts = _prompts(body.get("inputs"))
     truncate, left = _truncation(body)
     prompt_name = _prompt_name(body)
+    task = body.get("task")
+    if task is not None and not isinstance(task, str):
+        raise TeiError("Validation", '"task" must be a string', status=422)
     late_chunking = _bool(body, "late_chunking", False)
     if per_token:
         if late_chunking:
             raise TeiError("Validation", LATE_CHUNKING_EMBED_ALL, status=422)
-        return TeiEmbedRequest(prompts, -1, truncate, prompt_name, None, left)
+        return TeiEmbedRequest(prompts, -1, truncate, prompt_name, None, left, task=task)
     normalize = _bool(body, "normalize", True)
     dimensions = whole(body.get("dimensions"))
     try:
         check_dimensions(dimensions, width)
     except EngineError as exc:
         raise tei_error(exc) from None
-    return TeiEmbedRequest(prompts, 2 if normalize else -1, truncate, prompt_name, dimensions, left, late_chunking)
+    return TeiEmbedRequest(prompts, 2 if normalize else -1, truncate, prompt_name, dimensions, left, late_chunking,
+                           task)
 
 
 def render_embed_response(result: EmbedResult) -> list[np.ndarray]:

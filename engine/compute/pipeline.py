@@ -24,7 +24,8 @@ class Pipeline(ABC):
 
     @abstractmethod
     def launch(self, ids: np.ndarray, mask: np.ndarray, type_ids: np.ndarray, lengths: list[int]) -> Collect:
-        """Start the pass for [B, W] right-padded rows."""
+        """Start the pass for [B, W] right-padded rows. An embedder whose family has task adapters also takes
+        `task=` (the pass's adapter index; engine/runtime/worker.py passes it only when one is chosen)."""
 
     def __call__(self, ids: np.ndarray, mask: np.ndarray, type_ids: np.ndarray,
                  lengths: list[int]) -> list[np.ndarray]:
@@ -54,14 +55,17 @@ class EmbeddingPipeline(Pipeline):
         # last-token pooling reads one position per row: a family that can computes its last layer there only
         self.last_rows_only = pooling is Pooling.LAST and bool(getattr(model, "computes_needed_rows", False))
 
-    def launch(self, ids: np.ndarray, mask: np.ndarray, type_ids: np.ndarray, lengths: list[int]) -> Collect:
-        """[B, W] right-padded -> one float32 vector [D] per row ([n_i, D] for pooling none)."""
+    def launch(self, ids: np.ndarray, mask: np.ndarray, type_ids: np.ndarray, lengths: list[int],
+               task: int | None = None) -> Collect:
+        """[B, W] right-padded -> one float32 vector [D] per row ([n_i, D] for pooling none). `task`: the index
+        of the task adapter every row of the pass uses (families with task adapters: jina-embeddings-v3)."""
         mask_mx = mx.array(mask)
+        extra = {} if task is None else {"task": task}
         if self.last_rows_only:
             last = mx.array(np.asarray(lengths, dtype=np.int32) - 1)
-            hidden = self.model(mx.array(ids), mask_mx, mx.array(type_ids), needed=last)  # [B, 1, D]
+            hidden = self.model(mx.array(ids), mask_mx, mx.array(type_ids), needed=last, **extra)  # [B, 1, D]
             return self._pooled(hidden, mx.ones((len(lengths), 1), dtype=mx.int32), lengths)
-        return self._pooled(self.model(mx.array(ids), mask_mx, mx.array(type_ids)), mask_mx, lengths)
+        return self._pooled(self.model(mx.array(ids), mask_mx, mx.array(type_ids), **extra), mask_mx, lengths)
 
     def launch_with_images(self, ids: np.ndarray, images: tuple[PreparedImage, ...]) -> Collect:
         """One vision-language input, ids [1, L] with its images expanded (engine/multimodal/inputs.py) -> its vector
@@ -76,11 +80,12 @@ class EmbeddingPipeline(Pipeline):
         return not self.pools_itself and self.pooling not in (Pooling.NONE, Pooling.RANK, Pooling.SPLADE)
 
     def launch_segments(self, ids: np.ndarray, type_ids: np.ndarray,
-                        segments: tuple[tuple[int, ...], ...]) -> Collect:
+                        segments: tuple[tuple[int, ...], ...], task: int | None = None) -> Collect:
         """Late chunking: one input, ids [1, L], in one pass; each segment (a chunk's rows) pooled as an input
-        is, then projected -> one [S, D] array."""
+        is, then projected -> one [S, D] array. `task` as launch takes it."""
         length = ids.shape[1]
-        hidden = self.model(mx.array(ids), mx.ones((1, length), dtype=mx.int32), mx.array(type_ids))
+        extra = {} if task is None else {"task": task}
+        hidden = self.model(mx.array(ids), mx.ones((1, length), dtype=mx.int32), mx.array(type_ids), **extra)
         pooled = pool_segments(hidden[0], segments, self.pooling)
         if self.projection is not None:
             pooled = self.projection(pooled).astype(mx.float32)

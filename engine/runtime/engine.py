@@ -27,7 +27,7 @@ from engine.runtime.loader import ServedModel
 from engine.runtime.scheduler import BatchLimits
 from engine.runtime.worker import ImageWork, ItemResult, MaskedWork, Runner, SegmentedWork, Worker
 from engine.text.late_interaction import DOCUMENT, QUERY, ROLES
-from engine.text.prompts import choose_prompt, format_prompts, is_text
+from engine.text.prompts import choose_prompt, choose_task, format_prompts, is_text, task_index
 from engine.text.tokenizer import TextTokenizer
 from engine.types import (
     ClassifyResult,
@@ -140,10 +140,18 @@ class Engine:
         self._worker.check_count(n_inputs)
 
     # -- embeddings -------------------------------------------------------------------------------
+    def choose_task(self, task: str | None, prompt_name: str | None = None) -> str | None:
+        """The task adapter a request runs with: `task`, else prompt_name's task, else the default (None: the
+        adapters off); InvalidInput for one the model lacks (engine/text/prompts.py choose_task)."""
+        return choose_task(self._require_embedder(), task, prompt_name)
+
     def format_prompts(self, prompts: Sequence[Sequence[str | int]], prompt_name: str | None = None,
                        instruction: str | None = None, truncate: bool | None = None,
-                       truncation_direction: str = "right") -> list[list[str | int]]:
-        """Apply a request's prompt_name / instruction (or the default prompt) to its text prompts.
+                       truncation_direction: str = "right", task: str | None = None) -> list[list[str | int]]:
+        """Apply a request's prompt_name / instruction (or the default prompt) to its text prompts; with a task
+        adapter in effect (`task`, or prompt_name naming a task, or the model's default task) and neither given,
+        the task's instruction (engine/text/prompts.py choose_prompt). Pass the same `task` and `prompt_name`
+        to embed_prompts, which runs the adapter.
 
         A model whose texts go through its chat template gets them rendered and tokenized here (the prompt as a
         system message, as sentence-transformers does): those prompts come back as token ids, already truncated
@@ -153,11 +161,12 @@ class Engine:
         """
         info = self._require_embedder()
         model = self._served()
+        chosen = choose_task(info, task, prompt_name)
         if model.builder is not None or model.late is not None:  # the family formats its inputs (embed_prompts)
             return [list(p) for p in prompts]
         if model.chat is None:
-            return format_prompts(info, prompts, prompt_name, instruction)
-        choice = choose_prompt(info, prompt_name, instruction)
+            return format_prompts(info, prompts, prompt_name, instruction, chosen)
+        choice = choose_prompt(info, prompt_name, instruction, chosen)
         cut = self.options.truncate if truncate is None else truncate
         direction = fitting.truncation_direction(truncation_direction)
         return [model.fitter.chat_ids(choice.apply(p[0]) if choice.instruction else p[0], choice.prefix, cut,
@@ -167,7 +176,8 @@ class Engine:
     def embed_prompts(self, prompts: Sequence[Sequence[str | int] | ImageInput], *, truncate: bool | None = None,
                       timeout_s: float = 3600, prompt_name: str | None = None, instruction: str | None = None,
                       labels: Sequence[str] | None = None, embd_normalize: int = -1,
-                      dimensions: int | None = None, truncation_direction: str = "right") -> EmbedResult:
+                      dimensions: int | None = None, truncation_direction: str = "right",
+                      task: str | None = None) -> EmbedResult:
         """Tokenize llama-server prompts (text and token-id parts, see encode_prompt) in one batched call on
         the caller's thread, then embed them with any images among them, finished as `embed` finishes them.
 
@@ -177,9 +187,11 @@ class Engine:
         a query or a document, as `prompt_name` says ("query" / "document"; default: the default prompt name,
         else "document"), in pylate's format (engine/text/late_interaction.py). Token-id prompts are embedded
         verbatim by every family. `labels` name the inputs in errors (default "input 0", "input 1", ...).
-        `truncation_direction` as `embed` takes it.
+        `truncation_direction` as `embed` takes it. `task` (families with task adapters): the adapter the inputs
+        run with, as format_prompts chose it from `task` / `prompt_name` / the default task.
         """
         info = self._embedding(len(prompts), dimensions)
+        task_at = task_index(info, choose_task(info, task, prompt_name))
         direction = fitting.truncation_direction(truncation_direction)
         model = self._served()
         if model.late is not None:
@@ -196,13 +208,15 @@ class Engine:
         for i, ids in zip(texts, model.tokenizer.encode_prompts([prompts[i] for i in texts]), strict=True):
             inputs[i] = ids
         tokenize_s = time.monotonic() - started
-        result = self._embedded(inputs, info, truncate, timeout_s, labels, embd_normalize, dimensions, direction)
+        result = self._embedded(inputs, info, truncate, timeout_s, labels, embd_normalize, dimensions, direction,
+                                task_at)
         result.timings.tokenize_s += tokenize_s
         return result
 
     def embed_late_chunks(self, chunks: Sequence[str], *, truncate: bool | None = None, timeout_s: float = 3600,
                           prompt_name: str | None = None, instruction: str | None = None, embd_normalize: int = -1,
-                          dimensions: int | None = None, truncation_direction: str = "right") -> EmbedResult:
+                          dimensions: int | None = None, truncation_direction: str = "right",
+                          task: str | None = None) -> EmbedResult:
         """Late chunking (Jina's `late_chunking`): `chunks` are consecutive pieces of one document, joined exactly
         as given and embedded in one pass; each chunk's vector is the model's pooling over the token rows that
         start inside it (special tokens and the prompt belong to no chunk), finished as `embed` finishes a vector.
@@ -220,7 +234,8 @@ class Engine:
             raise InvalidInput("late chunking needs at least one chunk")
         started = time.monotonic()
         document = "".join(chunks)
-        choice = choose_prompt(info, prompt_name, instruction)
+        chosen = choose_task(info, task, prompt_name)
+        choice = choose_prompt(info, prompt_name, instruction, chosen)
         text = choice.apply(document)
         first_char = text.rfind(document) if document else len(text)
         ids, starts = model.tokenizer.encode_with_starts(text)
@@ -230,7 +245,7 @@ class Engine:
         segments = fitting.chunk_segments(starts, kept, chunk_starts, first_char)
         work = SegmentedWork([ids[p] for p in kept], tuple(segments))
         tokenize_s = time.monotonic() - started
-        results, timings = self._serve([work], None, timeout_s)
+        results, timings = self._serve([work], None, timeout_s, task_index(info, chosen))
         timings.tokenize_s += tokenize_s
         rows = results[0].value
         n_tokens = [len(rows_of) for rows_of in segments]
@@ -376,7 +391,8 @@ class Engine:
 
     def embed(self, token_lists: Sequence[list[int] | ImageInput | PreparedInput], *, truncate: bool | None = None,
               timeout_s: float = 3600, labels: Sequence[str] | None = None, embd_normalize: int = -1,
-              dimensions: int | None = None, truncation_direction: str = "right") -> EmbedResult:
+              dimensions: int | None = None, truncation_direction: str = "right",
+              task: str | None = None) -> EmbedResult:
         """Embed already tokenized inputs, images, and prepared vision-language inputs. Each vector is finished
         as a request asks (engine/compute/normalize.py): cut to its first `dimensions` components, then
         normalized as llama's `embd_normalize` says (default -1: raw); per-token rows (pooling none) are cut
@@ -385,11 +401,13 @@ class Engine:
         Images for an image tower are decoded and preprocessed here, on the caller's thread; a bad one raises
         InvalidImage naming its input index. When an over-long input is cut, `truncation_direction` (TEI's
         field: "right" / "Right", the default, cuts its end; "left" / "Left" keeps its end) says which side goes;
-        the template's special tokens stay either way.
+        the template's special tokens stay either way. `task`: the task adapter they run with (None: the model's
+        default task, engine/text/prompts.py choose_task); no instruction is added to token ids.
         """
         info = self._embedding(len(token_lists), dimensions)
         direction = fitting.truncation_direction(truncation_direction)
-        return self._embedded(token_lists, info, truncate, timeout_s, labels, embd_normalize, dimensions, direction)
+        return self._embedded(token_lists, info, truncate, timeout_s, labels, embd_normalize, dimensions, direction,
+                              task_index(info, choose_task(info, task)))
 
     def _embedding(self, n_inputs: int, dimensions: int | None) -> ModelInfo:
         """An embedding request's checks before any work: an embedder, a `dimensions` it takes, a count it queues."""
@@ -400,7 +418,7 @@ class Engine:
 
     def _embedded(self, token_lists: Sequence[list[int] | ImageInput | PreparedInput], info: ModelInfo,
                   truncate: bool | None, timeout_s: float, labels: Sequence[str] | None, embd_normalize: int,
-                  dimensions: int | None, direction: str = "right") -> EmbedResult:
+                  dimensions: int | None, direction: str = "right", task: int | None = None) -> EmbedResult:
         if info.is_sparse and embd_normalize != -1:
             raise SparseOnly(f"this model ({info.architecture or info.model_type}) is a sparse (SPLADE) encoder: its "
                              f"vectors span the vocabulary ({info.n_embd} entries, mostly zeros) and are not "
@@ -418,7 +436,7 @@ class Engine:
                   if isinstance(item, PreparedInput) else
                   model.fitter.fit(item, cut, direction) for i, item in enumerate(token_lists)]
         preprocess_s = time.monotonic() - started
-        results, timings = self._serve(fitted, None, timeout_s)
+        results, timings = self._serve(fitted, None, timeout_s, task)
         timings.tokenize_s += preprocess_s
         return EmbedResult(vectors=[finish(r.value, embd_normalize, dimensions) for r in results],
                            n_tokens=[_cost(item) for item in fitted], timings=timings)
@@ -595,11 +613,11 @@ class Engine:
 
     # -- serving ----------------------------------------------------------------------------------
     def _serve(self, token_lists: list[list[int]], type_lists: list[list[int]] | None,
-               timeout_s: float) -> tuple[list[ItemResult], Timings]:
+               timeout_s: float, task: int | None = None) -> tuple[list[ItemResult], Timings]:
         with self._in_flight_lock:
             self._in_flight += 1
         try:
-            items = self._worker.submit(token_lists, time.monotonic() + timeout_s, type_lists)
+            items = self._worker.submit(token_lists, time.monotonic() + timeout_s, type_lists, task)
             _, pending = concurrent.futures.wait([item.future for item in items], timeout=timeout_s)
             if pending:
                 for future in pending:

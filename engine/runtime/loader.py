@@ -118,6 +118,7 @@ def load(opts: EngineOptions, lanes: int, blas_threads: int) -> tuple[Runner, Se
             side = loaded.image_size  # run the vision tower once now, so no request compiles it
             runner.launch_images(np.zeros((1, 3, side, side), np.float32))()
     late_roles = embedder and getattr(loaded.model, "late_interaction", False)
+    tasks = tuple(getattr(loaded.model, "tasks", ())) if embedder else ()
     n_positions = loaded.n_positions
     slot_ctx, n_slots = limits.slots(opts.ctx_size, opts.parallel, n_positions)
     max_input = limits.input_limit(n_positions, opts.ubatch_tokens, slot_ctx if opts.ctx_size > 0 else None)
@@ -136,6 +137,7 @@ def load(opts: EngineOptions, lanes: int, blas_threads: int) -> tuple[Runner, Se
         widths=tuple(warm_widths(fitted.max_seq, fitted.fixed_width)),
         prompts=tuple(ckpt.prompts.items()) if embedder else (), default_prompt_name=prompt_default,
         instruction_template=INSTRUCTION_TEMPLATES.get(ckpt.model_type) if embedder else None,
+        tasks=tasks, default_task=default_task(tasks, getattr(loaded.model, "default_task", None), prompt_default),
         file_format=ckpt.format.name, chat_template_inputs=chat is not None,
         modalities=("text", "image") if (images, builder, pairs) != (None, None, None) else ("text",),
         image_tokens=loaded.image_tokens, image_token_bounds=token_bounds, vision_language=builder is not None,
@@ -176,6 +178,16 @@ def _tokenizer_and_weights(ckpt: Checkpoint, kind: str, opts: EngineOptions) -> 
             pending.result()  # raises the tokenizer's own error, if it has one
             raise
         return pending.result(), loaded
+
+
+def default_task(tasks: tuple[tuple[str, str], ...], configured: str | None, prompt: str | None) -> str | None:
+    """The task adapter a request naming none gets: config.json's `task`, else the default prompt
+    (sentence-transformers' default_prompt_name, or --default-prompt-name) when it names a task, else none (the
+    adapters off, as Jina's encode(task=None))."""
+    names = [name for name, _ in tasks]
+    if configured is not None:
+        return configured
+    return prompt if prompt in names else None
 
 
 def with_splade(ckpt: Checkpoint, flag: Pooling | None) -> Checkpoint:

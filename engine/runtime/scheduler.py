@@ -8,7 +8,7 @@ from typing import Protocol
 
 # Inputs of one group may share a pass: texts; a tower's images (their width is their patch count); and
 # vision-language inputs holding images, which always run alone (their positions and injected features are
-# per sequence).
+# per sequence). Inputs of different task adapters (jina-embeddings-v3's `task`) never share a pass either.
 TEXTS, IMAGES, ALONE = 0, 1, 2
 
 
@@ -16,6 +16,7 @@ class Waiting(Protocol):
     n_tokens: int
     seq: int  # arrival order
     group: int  # TEXTS | IMAGES | ALONE
+    task: int | None  # the task adapter it runs with (None: none); a pass holds one task
 
 
 MIN_WIDTH = 8  # the narrowest row a pass is charged for
@@ -51,17 +52,17 @@ class BatchLimits:
 def next_batch(waiting: Sequence[Waiting], limits: BatchLimits) -> list[int]:
     """Indices (into `waiting`) of the next batch.
 
-    The oldest input always goes in, so nothing starves. Neighbours in length order join it, nearest
+    The oldest input always goes in, so nothing starves. Neighbours of its group and task in length order join it, nearest
     length first, while rows x width (the longest one's length) stays within the token budget and the row cap. An input
     longer than the budget runs alone.
     """
     if not waiting:
         return []
     oldest = min(range(len(waiting)), key=lambda i: waiting[i].seq)
-    group = waiting[oldest].group
+    group, task = waiting[oldest].group, waiting[oldest].task
     if group == ALONE:
         return [oldest]
-    order = sorted((i for i in range(len(waiting)) if waiting[i].group == group),
+    order = sorted((i for i in range(len(waiting)) if waiting[i].group == group and waiting[i].task == task),
                    key=lambda i: (waiting[i].n_tokens, waiting[i].seq))
     anchor = order.index(oldest)
 

@@ -77,6 +77,7 @@ class WorkItem:
     images: tuple[PreparedImage, ...] = ()  # a vision-language input's images (engine/multimodal/inputs.py): it runs alone
     segments: tuple[tuple[int, ...], ...] = ()  # a late-chunked document's chunks (SegmentedWork): it runs alone
     mask: list[int] | None = None  # a MaskedWork's attention mask (None: every id attended)
+    task: int | None = None  # the task adapter it runs with (jina-embeddings-v3); a pass holds one task
 
     @property
     def group(self) -> int:
@@ -127,9 +128,10 @@ class Worker:
 
     # -- request threads -------------------------------------------------------------------------
     def submit(self, token_lists: list[list[int] | ImageWork | PreparedInput | SegmentedWork | MaskedWork],
-               deadline: float,
-               type_lists: list[list[int]] | None = None) -> list[WorkItem]:
-        """Queue every input of one request, or none of them (QueueFull)."""
+               deadline: float, type_lists: list[list[int]] | None = None,
+               task: int | None = None) -> list[WorkItem]:
+        """Queue every input of one request, or none of them (QueueFull); `task`: the task adapter (an index)
+        all of them run with, None: none."""
         if not self.loaded.is_set() or self._runner is None:
             raise NotLoaded("the model is not loaded")
         self.check_count(len(token_lists))
@@ -144,6 +146,7 @@ class Worker:
                                 f"waiting, this request has {len(items)})")
             for item in items:
                 item.seq = next(self._seq)
+                item.task = task
             self._waiting.extend(items)
             self._cond.notify()
         return items
@@ -296,12 +299,13 @@ class Worker:
                 type_ids[row, : item.n_tokens] = item.type_ids
         started = time.monotonic()
         lengths = [item.n_tokens for item in batch]
+        extra = {} if batch[0].task is None else {"task": batch[0].task}  # one task per pass (the scheduler's)
         try:
             launch = getattr(self._runner, "launch", None)
             if launch is not None:
-                collect = launch(ids, mask, type_ids, lengths)
+                collect = launch(ids, mask, type_ids, lengths, **extra)
             else:  # a plain callable runner computes synchronously
-                outputs = self._runner(ids, mask, type_ids, lengths)
+                outputs = self._runner(ids, mask, type_ids, lengths, **extra)
                 collect = lambda: outputs  # noqa: E731
         except Exception as exc:
             return _Launched(batch, None, started, width, exc)
@@ -324,7 +328,8 @@ class Worker:
         (item,) = batch
         started = time.monotonic()
         ids = np.array([item.ids], dtype=np.int32)
-        collect = self._runner.launch_segments(ids, np.zeros_like(ids), item.segments)
+        extra = {} if item.task is None else {"task": item.task}
+        collect = self._runner.launch_segments(ids, np.zeros_like(ids), item.segments, **extra)
         return _Launched(batch, collect, started, item.n_tokens)
 
     def _deliver(self, launched: _Launched) -> None:

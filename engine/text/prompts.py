@@ -106,11 +106,38 @@ class PromptChoice:
         return (self.prefix or "") + text
 
 
-def choose_prompt(info: ModelInfo, prompt_name: str | None, instruction: str | None) -> PromptChoice:
+def choose_task(info: ModelInfo, task: str | None, prompt_name: str | None = None) -> str | None:
+    """The task adapter a request runs with (jina-embeddings-v3): its `task`, else its `prompt_name` when that
+    names a task (the model card passes both: encode(task=t, prompt_name=t)), else the model's default task;
+    None: the adapters off. A task the model does not have, or any task for a model without adapters, is
+    InvalidInput naming what the model has."""
+    names = [name for name, _ in info.tasks]
+    if task is not None:
+        if not names:
+            raise InvalidInput(f"'task' is not supported by this model ({info.architecture or info.model_type}): it "
+                               f"has no task adapters (jina-embeddings-v3 checkpoints with lora_adaptations have them)")
+        if task not in names:
+            raise InvalidInput(f"task {task!r} is not one of this model's tasks (known: {', '.join(names)})")
+        return task
+    if prompt_name is not None and prompt_name in names:
+        return prompt_name
+    return info.default_task
+
+
+def task_index(info: ModelInfo, task: str | None) -> int | None:
+    """A task name (choose_task's) as the index of its adapter, which the model is called with."""
+    return None if task is None else [name for name, _ in info.tasks].index(task)
+
+
+def choose_prompt(info: ModelInfo, prompt_name: str | None, instruction: str | None,
+                  task: str | None = None) -> PromptChoice:
     """`instruction` fills the family's template; else `prompt_name` (or the default prompt) applies, as
     sentence-transformers' encode(prompt_name=...) does; unknown names and unsupported instructions are
-    InvalidInput naming what the model has."""
+    InvalidInput naming what the model has. `task` (choose_task's) with neither: the task's instruction, as
+    Jina's encode(task=...) puts it before each text (config.json task_instructions, else the prompt of that
+    name); a prompt_name naming a task the prompts lack gets that task's instruction too."""
     known = ", ".join(name for name, _ in info.prompts) or "none: the model defines no prompts"
+    instructions = dict(info.tasks)
     if instruction is not None:
         if prompt_name is not None:
             raise InvalidInput("'instruction' and 'prompt_name' cannot be combined: the instruction template "
@@ -122,10 +149,14 @@ def choose_prompt(info: ModelInfo, prompt_name: str | None, instruction: str | N
                                f"use 'prompt_name' (known: {known})")
         template = info.instruction_template
         return PromptChoice(instruction=lambda text: template.format(task=instruction, text=text))
+    prompts = dict(info.prompts)
+    if prompt_name is None and task is not None:
+        return PromptChoice(prefix=instructions[task] or prompts.get(task) or None)
     name = prompt_name if prompt_name is not None else info.default_prompt_name
     if name is None:
         return PromptChoice()
-    prompts = dict(info.prompts)
+    if name not in prompts and name in instructions:
+        return PromptChoice(prefix=instructions[name] or None)
     if name not in prompts:
         raise InvalidInput(f"prompt_name {name!r} is not one of this model's prompts (known: {known})")
     return PromptChoice(prefix=prompts[name])
@@ -138,7 +169,8 @@ def is_text(prompt: Sequence[str | int]) -> bool:
 
 
 def format_prompts(info: ModelInfo, prompts: Sequence[Sequence[str | int]], prompt_name: str | None = None,
-                   instruction: str | None = None) -> list[list[str | int]]:
-    """The request's prompts with its prompt or instruction applied to the text ones."""
-    choice = choose_prompt(info, prompt_name, instruction)
+                   instruction: str | None = None, task: str | None = None) -> list[list[str | int]]:
+    """The request's prompts with its prompt or instruction (or its task's, choose_prompt) applied to the text
+    ones."""
+    choice = choose_prompt(info, prompt_name, instruction, task)
     return [[choice.apply(prompt[0])] if is_text(prompt) else list(prompt) for prompt in prompts]

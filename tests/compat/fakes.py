@@ -9,7 +9,7 @@ import numpy as np
 
 from engine.compute.normalize import finish
 from engine.errors import EmptyInput, InputTooLong, InvalidInput, InvalidTokens, TooManyInputs
-from engine.text.prompts import format_prompts
+from engine.text.prompts import choose_task, format_prompts
 from engine.types import ClassifyResult, EmbedResult, ImageInput, ModelInfo, Pooling, RerankResult, Timings, TokenSpan, VocabType
 
 CLS, SEP = 101, 102
@@ -98,9 +98,9 @@ class FakeEngine:
         if n_inputs > self.max_queue_items:
             raise TooManyInputs(n_inputs, self.max_queue_items)
 
-    def format_prompts(self, prompts, prompt_name=None, instruction=None, truncate=None):
+    def format_prompts(self, prompts, prompt_name=None, instruction=None, truncate=None, task=None):
         """The engine's rule for a model without a chat template (engine.text.prompts.format_prompts)."""
-        return format_prompts(self.info, prompts, prompt_name, instruction)
+        return format_prompts(self.info, prompts, prompt_name, instruction, choose_task(self.info, task, prompt_name))
 
     def token_pieces(self, ids: Sequence[int]) -> list[str | list[int]]:
         return [[0xE2, 0x82] if t == 7 else " " + self._words.get(t, "?") for t in ids]
@@ -123,14 +123,17 @@ class FakeEngine:
 
     def embed_prompts(self, prompts: Sequence[Sequence[str | int]], *, truncate: bool | None = None,
                       timeout_s: float = 3600, embd_normalize: int = -1, dimensions: int | None = None,
-                      truncation_direction: str = "right") -> EmbedResult:
+                      truncation_direction: str = "right", prompt_name: str | None = None,
+                      task: str | None = None) -> EmbedResult:
+        choose_task(self.info, task, prompt_name)  # the engine's refusals (the fake has no adapters to run)
         return self.embed([self.encode_prompt(parts) for parts in prompts], truncate=truncate, timeout_s=timeout_s,
                           embd_normalize=embd_normalize, dimensions=dimensions,
                           truncation_direction=truncation_direction)
 
     def embed_late_chunks(self, chunks: Sequence[str], *, truncate: bool | None = None, timeout_s: float = 3600,
                           prompt_name: str | None = None, instruction: str | None = None, embd_normalize: int = -1,
-                          dimensions: int | None = None, truncation_direction: str = "right") -> EmbedResult:
+                          dimensions: int | None = None, truncation_direction: str = "right",
+                          task: str | None = None) -> EmbedResult:
         """Engine.embed_late_chunks on the fake: each chunk's words pooled (a chunk without a word, or a document
         over the limit without truncation, refused as the engine refuses them)."""
         if self.info.is_reranker:

@@ -562,7 +562,7 @@ def test_offline_commands_pass_their_shared_options_to_the_engine_as_the_server_
         "offline", "pooling", "ubatch_tokens", "truncate", "max_batch_tokens", "max_seq", "threads",
         "image_min_tokens", "image_max_tokens")}
     assert embed.encode_kwargs() == {"normalize": 1, "dimensions": 8, "prompt_name": None, "instruction": None,
-                                     "batch_size": 4}
+                                     "batch_size": 4, "task": None}
     rerank = parse_command(RerankCommand, ["-hf", "org/name", "-q", "q", "-d", "d", "--rerank-sigmoid", *flags])
     assert rerank.engine_kwargs() == {"offline": True, "ubatch_tokens": 128, "truncate": True, "max_seq": 100,
                                       "threads": 3, "image_min_tokens": 64, "image_max_tokens": 256,

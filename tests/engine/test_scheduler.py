@@ -14,6 +14,7 @@ class W:
     n_tokens: int
     seq: int
     group: int = 0
+    task: int | None = None
 
 
 def waiting(*lengths: int, oldest: int = 0) -> list[W]:
@@ -152,3 +153,12 @@ def test_a_vision_language_input_holding_images_runs_alone_and_texts_batch_aroun
     rest = items[1:]
     assert sorted(next_batch(rest, limits)) == [0, 1]  # the texts share a pass; the other image input waits
     assert next_batch(rest[2:], limits) == [0]
+
+
+def test_inputs_of_different_tasks_never_share_a_pass():
+    """A task-adapter family's pass runs one adapter: the oldest input's task decides, the others wait."""
+    items = [W(10, 0, task=1), W(10, 1, task=None), W(11, 2, task=1), W(10, 3, task=0), W(12, 4, task=1)]
+    picked = next_batch(items, BatchLimits(4096, 8))
+    assert sorted(picked) == [0, 2, 4]
+    rest = [item for i, item in enumerate(items) if i not in picked]
+    assert [w.task for w in (rest[i] for i in next_batch(rest, BatchLimits(4096, 8)))] == [None]

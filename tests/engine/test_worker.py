@@ -476,3 +476,32 @@ def test_t_bounds_the_passes_of_every_engine_together(t_threads, t, lanes):
         for worker in workers:
             worker.close()
             worker.join(10)
+
+
+class TaskRunner(FakeRunner):
+    """Records the task each pass was called with (a task-adapter family's runner takes `task=`)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.tasks: list[int | None] = []
+
+    def __call__(self, ids, mask, type_ids, lengths, task=None):
+        self.tasks.append(task)
+        return super().__call__(ids, mask, type_ids, lengths)
+
+
+def test_requests_of_different_tasks_wait_together_but_run_in_passes_of_one_task():
+    runner = TaskRunner(hold_first=True)
+    worker = start(runner)
+    try:
+        first = hold(worker, runner)
+        queued = {task: worker.submit([[3, 4], [5, 6]], FAR, task=task) for task in (2, None, 0)}
+        runner.release.set()
+        for items in [first, *queued.values()]:
+            for item in items:
+                item.future.result(timeout=30)
+        assert runner.tasks[0] is None and sorted(runner.tasks[1:], key=str) == [0, 2, None]
+        for (ids, *_), task in zip(runner.calls[1:], runner.tasks[1:]):
+            assert len(ids) == 2  # each task's two inputs shared their pass, and nothing else did
+    finally:
+        worker.close()
