@@ -26,6 +26,9 @@ of colpali_engine/models/idefics3/colidefics3/processing_colidefics3.py and colp
 We follow the training releases. A checkpoint that names its own `query_prefix` or `query_augmentation_token`
 (processor_config.json, then preprocessor_config.json) gets its own, read as engine/multimodal/builders/colqwen2.py
 reads it; the closing "\n" stays.
+The document prompt is still 0.3.11+'s visual_prompt_prefix; the training releases made it otherwise (0.3.5 - 0.3.8:
+apply_chat_template over a user turn of the text "Describe the image." then the image, stripped; 0.3.9 - 0.3.10:
+`<|im_start|>user\n<image>Describe the image.<end_of_utterance>`), which is not yet followed here.
 
 Images, as transformers' Idefics3ImageProcessor does (its PIL backend): RGB (colpali converts first, so any
 transparency is dropped, not composited), the longest edge resized to `size.longest_edge`, then both edges up
