@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 import numpy as np
 
+from engine.checkpoint import read_json_optional
 from engine.errors import InvalidInput, UnsupportedCheckpoint
 
 if TYPE_CHECKING:
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
 
     from PIL.Image import Image
 
+    from engine.checkpoint import Checkpoint
     from engine.text.tokenizer import TextTokenizer
 
 
@@ -149,3 +151,21 @@ def check_prompt_tokens(folder: Path, tokenizer: TextTokenizer, markers: Sequenc
             raise UnsupportedCheckpoint(f"{folder}: the tokenizer has no single token {token}")
     if tokenizer.encode(image_token, add_special=False) != [image_token_id]:
         raise UnsupportedCheckpoint(f"{folder}: {image_token} is not the image token id {image_token_id} of config.json")
+
+
+def query_format(checkpoint: Checkpoint, prefix: str, augmentation_token: str) -> tuple[str, str]:
+    """A colpali retriever's query prefix and augmentation token: the checkpoint's own `query_prefix` /
+    `query_augmentation_token` (processor_config.json, as transformers' ColQwen2Processor saves it, then
+    preprocessor_config.json; an empty one is the default, as transformers reads it), else the given defaults
+    (the family's training releases)."""
+    found = {}
+    for name in ("preprocessor_config.json", "processor_config.json"):  # the latter wins
+        path = checkpoint.path / name
+        for key in ("query_prefix", "query_augmentation_token"):
+            value = read_json_optional(path).get(key)
+            if value is None or value == "":  # transformers' ColQwen2Processor: `query_prefix or "Query: "`
+                continue
+            if not isinstance(value, str):
+                raise UnsupportedCheckpoint(f"{path}: {key} must be a string, not {value!r}")
+            found[key] = value
+    return found.get("query_prefix", prefix), found.get("query_augmentation_token", augmentation_token)

@@ -36,12 +36,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.checkpoint import Checkpoint, read_json_optional
-from engine.errors import UnsupportedCheckpoint
+from engine.checkpoint import Checkpoint
 from engine.families.colqwen2 import ModelArgs
 from engine.multimodal.qwen_images import QwenImageProcessor
 from engine.text.tokenizer import TextTokenizer
-from engine.multimodal.inputs import PreparedImage, RetrieverInputs, check_prompt_tokens
+from engine.multimodal.inputs import PreparedImage, RetrieverInputs, check_prompt_tokens, query_format
 
 IMAGE_TOKEN, VISION_START, VISION_END = "<|image_pad|>", "<|vision_start|>", "<|vision_end|>"
 QUERY_PREFIX, AUGMENTATION_TOKEN, N_AUGMENTATION = "Query: ", "<|endoftext|>", 10
@@ -74,24 +73,8 @@ def input_builder(checkpoint: Checkpoint, tokenizer: TextTokenizer) -> ColQwenIn
     vision = args.vision
     processor = QwenImageProcessor.from_checkpoint(checkpoint.path, vision.patch_size, vision.temporal_patch_size,
                                                    vision.spatial_merge_size, drop_alpha_first=True)
-    prefix, augmentation = query_format(checkpoint)
+    prefix, augmentation = query_format(checkpoint, QUERY_PREFIX, AUGMENTATION_TOKEN)
     check_prompt_tokens(checkpoint.path, tokenizer, (IMAGE_TOKEN, VISION_START, VISION_END, "<|im_start|>", "<|im_end|>",
                                               "<|endoftext|>", augmentation), IMAGE_TOKEN, args.image_token_id)
     return ColQwenInputs(processor, tokenizer, args.image_token_id, prefix, augmentation)
 
-
-def query_format(checkpoint: Checkpoint) -> tuple[str, str]:
-    """The query prefix and augmentation token: the checkpoint's own (processor_config.json, then
-    preprocessor_config.json; an empty one is the default, as transformers reads it), else the training releases'
-    ("Query: ", <|endoftext|>)."""
-    found = {}
-    for name in ("preprocessor_config.json", "processor_config.json"):  # the latter wins
-        path = checkpoint.path / name
-        for key in ("query_prefix", "query_augmentation_token"):
-            value = read_json_optional(path).get(key)
-            if value is None or value == "":  # transformers' ColQwen2Processor: `query_prefix or "Query: "`
-                continue
-            if not isinstance(value, str):
-                raise UnsupportedCheckpoint(f"{path}: {key} must be a string, not {value!r}")
-            found[key] = value
-    return found.get("query_prefix", QUERY_PREFIX), found.get("query_augmentation_token", AUGMENTATION_TOKEN)

@@ -1,10 +1,34 @@
 """ColIdefics3's prompts and image processor (the builder of engine/multimodal/inputs.py for engine/families/idefics3.py).
 
-Prompts, as colpali-engine's ColIdefics3Processor makes them: a query (an input of text only) is its text
-followed by ten `<end_of_utterance>` augmentation tokens, which give a short query enough vectors for MaxSim; a
-document image is `<|im_start|>User:<image>Describe the image.<end_of_utterance>\\nAssistant:`. An input that
-holds images and text is rendered the same way with its own parts, in order, in place of the fixed
-instruction. The instruction field is not used by this family.
+Prompts: a query (an input of text only) is `Query: ` + its text + ten `<end_of_utterance>` augmentation tokens
+(which give a short query enough vectors for MaxSim) + `\n`, as colpali-engine's ColIdefics3Processor made it when
+the published checkpoints were trained; a document image is
+`<|im_start|>User:<image>Describe the image.<end_of_utterance>\nAssistant:`. An input that holds images and text is
+rendered the same way with its own parts, in order, in place of the fixed instruction. The instruction field is
+not used by this family.
+
+The query format, three readings and the evidence (github.com/illuin-tech/colpali, CHANGELOG.md and the history
+of colpali_engine/models/idefics3/colidefics3/processing_colidefics3.py and colpali_engine/utils/processing_utils.py):
+- colpali-engine 0.3.5 - 0.3.10 (2024-12-13 .. 2025-04-18): ColIdefics3Processor's own process_queries,
+  `self.query_prefix + query + suffix + "\n"` with query_prefix "Query: " and suffix ten <end_of_utterance>,
+  through the tokenizer directly. Added with Idefics3 / SmolVLM support (6d69bdc "Smolvlm (#146)", 2024-11-27,
+  released in 0.3.5 as db3d00e); unchanged in 0.3.8 and 0.3.10. The published checkpoints come from these
+  releases: #146 added the training config of ColSmolVLM (train_colsmolvlm_model.yaml, vidore/colsmolvlm-v0.1's
+  recipe), and colSmol-256M / colSmol-500M
+  were announced with SmolVLM-256M / 500M on 2025-01-23 (Hugging Face's blog "SmolVLM Grows Smaller", section
+  "Smaller Multimodal Retrieval: ColSmolVLM 256M & 500M"), colpali-engine 0.3.7 (1623918 "Add support for ColSmol
+  256M and 500M (#170)", 2025-01-28) only bumping transformers for them; training built its queries with
+  process_queries (the VisualRetrieverCollator of 0.3.1 .. 0.3.10 calls it).
+- colpali-engine 0.3.11 - 0.3.12 (d29e228 "fix: clean processors (#280)", 2025-06-30): the base class's
+  process_queries, `query_prefix + text + suffix` with no "\n" ("Query: " from BaseVisualRetrieverProcessor).
+- colpali-engine 0.3.13 (174055b "Vbert (#339)", 2025-10-27) and later (0.3.18): the base class's query_prefix
+  became "" for ModernVBERT, with no CHANGELOG entry and no ColSmol retraining: text + ten <end_of_utterance>.
+We follow the training releases. A checkpoint that names its own `query_prefix` or `query_augmentation_token`
+(processor_config.json, then preprocessor_config.json) gets its own, read as engine/multimodal/builders/colqwen2.py
+reads it; the closing "\n" stays.
+The document prompt is still 0.3.11+'s visual_prompt_prefix; the training releases made it otherwise (0.3.5 - 0.3.8:
+apply_chat_template over a user turn of the text "Describe the image." then the image, stripped; 0.3.9 - 0.3.10:
+`<|im_start|>user\n<image>Describe the image.<end_of_utterance>`), which is not yet followed here.
 
 Images, as transformers' Idefics3ImageProcessor does (its PIL backend): RGB (colpali converts first, so any
 transparency is dropped, not composited), the longest edge resized to `size.longest_edge`, then both edges up
@@ -28,10 +52,10 @@ from engine.errors import UnsupportedCheckpoint
 from engine.families.idefics3 import ModelArgs
 from engine.multimodal.images import InvalidImage, rescale_and_normalize
 from engine.text.tokenizer import TextTokenizer
-from engine.multimodal.inputs import PreparedImage, RetrieverInputs, check_prompt_tokens
+from engine.multimodal.inputs import PreparedImage, RetrieverInputs, check_prompt_tokens, query_format
 
 IMAGE, FAKE, GLOBAL, END = "<image>", "<fake_token_around_image>", "<global-img>", "<end_of_utterance>"
-QUERY_AUGMENTATION = END * 10
+QUERY_PREFIX, AUGMENTATION_TOKEN, N_AUGMENTATION, QUERY_END = "Query: ", END, 10, "\n"
 DOCUMENT_PREFIX, DOCUMENT_SUFFIX = "<|im_start|>User:", f"{END}\nAssistant:"
 DOCUMENT_TEXT = "Describe the image."
 MAX_IMAGE_SIDE = 4096  # the processor's absolute cap after its longest-edge resize
@@ -150,12 +174,14 @@ def image_prompt(rows: int, cols: int, tokens_per_tile: int) -> str:
 
 
 class Idefics3Inputs(RetrieverInputs):
-    query_suffix = QUERY_AUGMENTATION
+    query_prefix, query_suffix = QUERY_PREFIX, AUGMENTATION_TOKEN * N_AUGMENTATION + QUERY_END
     document_prefix, document_text, document_suffix = DOCUMENT_PREFIX, DOCUMENT_TEXT, DOCUMENT_SUFFIX
     image_token = IMAGE
 
-    def __init__(self, processor: ImageProcessor, tokenizer: TextTokenizer, args: ModelArgs):
+    def __init__(self, processor: ImageProcessor, tokenizer: TextTokenizer, args: ModelArgs,
+                 query_prefix: str = QUERY_PREFIX, augmentation_token: str = AUGMENTATION_TOKEN):
         super().__init__(tokenizer, args.image_token_id)
+        self.query_prefix, self.query_suffix = query_prefix, augmentation_token * N_AUGMENTATION + QUERY_END
         self.processor = processor
         self.tokens_per_tile = args.tokens_per_tile
 
@@ -176,8 +202,10 @@ def input_builder(checkpoint: Checkpoint, tokenizer: TextTokenizer) -> Idefics3I
     if declared is not None and declared != args.tokens_per_tile:
         raise UnsupportedCheckpoint(f"{checkpoint.path}: image_seq_len {declared} in processor_config.json, but "
                                     f"the model makes {args.tokens_per_tile} tokens per tile")
-    check_prompt_tokens(checkpoint.path, tokenizer, (IMAGE, FAKE, GLOBAL, END), IMAGE, args.image_token_id)
-    return Idefics3Inputs(processor, tokenizer, args)
+    prefix, augmentation = query_format(checkpoint, QUERY_PREFIX, AUGMENTATION_TOKEN)
+    check_prompt_tokens(checkpoint.path, tokenizer, (IMAGE, FAKE, GLOBAL, END, augmentation), IMAGE,
+                        args.image_token_id)
+    return Idefics3Inputs(processor, tokenizer, args, prefix, augmentation)
 
 
 def _image_processor_config(checkpoint: Checkpoint) -> tuple[dict, Path]:

@@ -1,7 +1,8 @@
 """A tiny random ColIdefics3 checkpoint (colpali-engine's modeling file on a tiny Idefics3 config) and its
 reference: colpali-engine's ColIdefics3 forward, with transformers' Idefics3Processor / Idefics3ImageProcessorPil
 making the inputs as colpali's ColIdefics3Processor does (its module imports torchvision through the package, so
-the facts are used: queries get ten `<end_of_utterance>`, a page gets the fixed visual prompt).
+the facts are used: a page gets the fixed visual prompt, and a query is what colpali-engine 0.3.5 - 0.3.10's
+ColIdefics3Processor.process_queries made when vidore's ColSmol checkpoints were trained, written out below).
 
 The vision tower takes 32-pixel tiles of 8-pixel patches (16 patches, 4 image tokens after the 2x pixel
 shuffle); the processor resizes the longest edge to 64 pixels, so an image is at most 2 x 2 tiles + the global one.
@@ -23,7 +24,16 @@ SPECIAL = ["<|endoftext|>", "<|im_start|>", "<end_of_utterance>", "<image>", "<f
            "<global-img>"] + [f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)]
 CORPUS = ["What was the total revenue in 2023?", "User: Describe the image.", "Assistant: a chart of sales",
           "the quarterly report shows growth", "a photo of a cat on a sofa", "where is the signature?"] * 20
-QUERY_AUGMENTATION = "<end_of_utterance>" * 10
+# colpali-engine 0.3.8, colpali_engine/models/idefics3/colidefics3/processing_colidefics3.py:
+#   query_prefix = "Query: "; query_augmentation_token = "<end_of_utterance>"
+#   process_queries: suffix = self.query_augmentation_token * 10
+#                    query = self.query_prefix + query + suffix + "\n"; self.tokenizer(text=texts_query, ...)
+QUERY_PREFIX, QUERY_AUGMENTATION = "Query: ", "<end_of_utterance>" * 10
+
+
+def query_text(text: str, prefix: str = QUERY_PREFIX, augmentation: str = QUERY_AUGMENTATION) -> str:
+    """colpali-engine 0.3.8's process_queries text for one query."""
+    return prefix + text + augmentation + "\n"
 VISUAL_PROMPT = "<|im_start|>User:<image>Describe the image.<end_of_utterance>\nAssistant:"
 
 
@@ -92,17 +102,25 @@ def open_image(data: bytes):
     return Image.open(io.BytesIO(data)).convert("RGB")
 
 
+def query_ids(processor, text: str) -> list[int]:
+    """colpali-engine 0.3.8's process_queries ids for one query: its text through the tokenizer alone."""
+    return processor.tokenizer(text=[query_text(text)])["input_ids"][0]
+
+
 def reference_rows(model, processor, text: str, images: list[bytes]) -> np.ndarray:
     """colpali's forward on one processed input (no padding rows to trim): its token vectors [n, 128]."""
     t = torch()
-    batch = processor(text=[text], images=[[open_image(d) for d in images]] if images else None, return_tensors="pt")
+    if images:
+        batch = processor(text=[text], images=[[open_image(d) for d in images]], return_tensors="pt")
+    else:  # a query: process_queries tokenizes with the tokenizer alone
+        batch = processor.tokenizer(text=[text], return_tensors="pt")
     with t.inference_mode():
         return model(**batch).float().numpy()[0]
 
 
 def reference_queries(model, processor, texts: list[str]) -> list[np.ndarray]:
     """colpali's process_queries + forward, one query at a time."""
-    return [reference_rows(model, processor, text + QUERY_AUGMENTATION, []) for text in texts]
+    return [reference_rows(model, processor, query_text(text), []) for text in texts]
 
 
 def reference_images(model, processor, images: list[bytes]) -> list[np.ndarray]:

@@ -55,7 +55,36 @@ def test_ids_and_pixels_are_the_reference_processors(folder, engine, reference):
         np.testing.assert_array_equal(image.arrays["pixel_values"], theirs["pixel_values"][0])
         assert image.n_tokens == len(image.arrays["pixel_values"]) * fx.TOKENS_PER_TILE
     query = builder.build([QUERIES[0]])
-    assert query.ids == processor(text=[QUERIES[0] + fx.QUERY_AUGMENTATION])["input_ids"][0] and not query.images
+    assert query.ids == fx.query_ids(processor, QUERIES[0]) and not query.images
+    assert processor.tokenizer.decode(query.ids).startswith("Query: " + QUERIES[0])  # the training releases' prefix
+
+
+def test_a_checkpoints_own_query_prefix_and_augmentation_token_are_honoured(folder, reference, tmp_path):
+    """processor_config.json's query_prefix / query_augmentation_token (read as for ColQwen2); the "\n" stays."""
+    import json
+
+    _, processor = reference
+    for item in folder.iterdir():
+        if item.name != "processor_config.json":
+            (tmp_path / item.name).symlink_to(item)
+    config = json.loads((folder / "processor_config.json").read_text())
+    (tmp_path / "processor_config.json").write_text(
+        json.dumps({**config, "query_prefix": "Question: ", "query_augmentation_token": "<|endoftext|>"}))
+    eng = start_engine(tmp_path)
+    try:
+        theirs = processor.tokenizer(text=[fx.query_text(QUERIES[0], "Question: ", "<|endoftext|>" * 10)])
+        assert eng._model.builder.build([QUERIES[0]]).ids == theirs["input_ids"][0]
+    finally:
+        eng.close()
+    (tmp_path / "processor_config.json").write_text(json.dumps({**config, "query_prefix": ""}))  # empty: default
+    eng = start_engine(tmp_path)
+    try:
+        assert eng._model.builder.build([QUERIES[0]]).ids == fx.query_ids(processor, QUERIES[0])
+    finally:
+        eng.close()
+    (tmp_path / "processor_config.json").write_text(json.dumps({**config, "query_augmentation_token": 7}))
+    with pytest.raises(UnsupportedCheckpoint, match="query_augmentation_token must be a string"):
+        start_engine(tmp_path)
 
 
 def test_mixed_text_and_image_batches_match_colpali(engine, reference):
@@ -64,15 +93,15 @@ def test_mixed_text_and_image_batches_match_colpali(engine, reference):
                [QUERIES[2]], ImageInput.image(IMAGES[2])]
     result = engine.embed_prompts(prompts)
     expected = [
-        reference_rows(reference, QUERIES[0] + fx.QUERY_AUGMENTATION, []),
+        reference_rows(reference, fx.query_text(QUERIES[0]), []),
         reference_rows(reference, fx.VISUAL_PROMPT, [IMAGES[0]]),
-        reference_rows(reference, QUERIES[1] + fx.QUERY_AUGMENTATION, []),
+        reference_rows(reference, fx.query_text(QUERIES[1]), []),
         reference_rows(reference, fx.VISUAL_PROMPT, [IMAGES[1]]),
         reference_rows(reference, "<|im_start|>User:<image><image>Describe the image.<end_of_utterance>\nAssistant:",
                        [IMAGES[2], IMAGES[3]]),
         reference_rows(reference, "<|im_start|>User:Look at <image> and this: <image><end_of_utterance>\nAssistant:",
                        [IMAGES[4], IMAGES[0]]),
-        reference_rows(reference, QUERIES[2] + fx.QUERY_AUGMENTATION, []),
+        reference_rows(reference, fx.query_text(QUERIES[2]), []),
         reference_rows(reference, fx.VISUAL_PROMPT, [IMAGES[2]]),
     ]
     for ours, theirs in zip(result.vectors, expected, strict=True):
