@@ -70,7 +70,8 @@ def test_ids_and_vectors_or_scores_equal_llama_servers(name):
             assert eng.info.kind == "cross-encoder"
             for result in recorded["rerank"]["results"]:
                 scores = eng.rerank(result["query"], recorded["rerank"]["documents"]).scores
-                np.testing.assert_allclose(scores, result["scores"], atol=1e-3)
+                np.testing.assert_allclose(scores, result["scores"], atol=1e-3)  # measured 8e-5 at most
+                assert np.argsort(scores).tolist() == np.argsort(result["scores"]).tolist()
     finally:
         eng.close(wait=True)
 
