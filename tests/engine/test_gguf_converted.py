@@ -54,10 +54,12 @@ def test_every_fixture_is_the_file_its_answers_were_captured_on():
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_ids_and_vectors_or_scores_equal_llama_servers(name):
+def test_identity_ids_and_vectors_or_scores_equal_llama_servers(name):
     recorded = answers(name)
     eng = engine_for(name, recorded)
     try:
+        assert (eng.info.bos_token, eng.info.eos_token) == (recorded["props"]["bos_token"],
+                                                            recorded["props"]["eos_token"])
         ids = [eng.encode_prompt([s]) for s in recorded["sentences"]]
         assert ids == recorded["tokenize"]["ids"]
         if recorded["kind"] == "embed":
@@ -72,17 +74,6 @@ def test_ids_and_vectors_or_scores_equal_llama_servers(name):
                 scores = eng.rerank(result["query"], recorded["rerank"]["documents"]).scores
                 np.testing.assert_allclose(scores, result["scores"], atol=1e-3)  # measured 8e-5 at most
                 assert np.argsort(scores).tolist() == np.argsort(result["scores"]).tolist()
-    finally:
-        eng.close(wait=True)
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_identity_is_llama_servers(name):
-    recorded = answers(name)
-    eng = engine_for(name, recorded)
-    try:
-        assert (eng.info.bos_token, eng.info.eos_token) == (recorded["props"]["bos_token"],
-                                                            recorded["props"]["eos_token"])
     finally:
         eng.close(wait=True)
 
