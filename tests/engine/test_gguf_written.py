@@ -598,6 +598,12 @@ def test_modern_bert_gguf_layer_rules_and_refusals():
     assert out["layer_types"] == [G, L, L, G] and out["local_rope_theta"] == 160000.0  # period 3, one base
     every_layer = {**windowed, f"{arch}.attention.sliding_window_pattern": 0}
     assert modern_bert.config(every_layer, arch, shapes)["layer_types"] == [L] * 4
+    # the converter at 3f545bec writes the epsilon as layer_norm_rms_epsilon (its llama-server refuses the file)
+    rms_key = {k: v for k, v in meta.items() if not k.endswith("layer_norm_epsilon")}
+    assert modern_bert.config({**rms_key, f"{arch}.attention.layer_norm_rms_epsilon": 2e-5}, arch,
+                              shapes)["norm_eps"] == 2e-5
+    with pytest.raises(UnsupportedCheckpoint, match="layer_norm_epsilon"):
+        modern_bert.config(rms_key, arch, shapes)
     for bad, match in (({f"{arch}.attention.sliding_window_pattern": np.array([True, False, False, True])},
                         "not a layer period"),
                        ({f"{arch}.hidden_activation": "silu"}, "hidden_activation 'silu'")):

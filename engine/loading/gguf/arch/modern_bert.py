@@ -11,6 +11,7 @@ approximation and the norm on the file's layer_norm_epsilon (head.py).
 """
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import mlx.nn as nn
@@ -20,6 +21,8 @@ from engine.errors import UnsupportedCheckpoint
 from engine.families.modernbert import GLOBAL, LOCAL
 from engine.loading.gguf.arch import block_key
 from engine.types import Pooling
+
+log = logging.getLogger(__name__)
 
 FAMILY = "modernbert"
 CAUSAL = False
@@ -66,13 +69,27 @@ def config(meta: dict[str, Any], arch: str, shapes: dict[str, tuple[int, ...]]) 
         "num_attention_heads": int(meta[f"{arch}.attention.head_count"]),
         "intermediate_size": int(meta[f"{arch}.feed_forward_length"]),
         "max_position_embeddings": int(meta.get(f"{arch}.context_length", 8192)),
-        "norm_eps": float(meta[f"{arch}.attention.layer_norm_epsilon"]),
+        "norm_eps": _norm_eps(meta, arch),
         "local_attention": int(meta.get(f"{arch}.attention.sliding_window", 0)),
         "layer_types": _layer_types(meta, arch, layers),
         "global_rope_theta": global_base,
         "local_rope_theta": float(meta.get(f"{arch}.rope.freq_base_swa", global_base)),
         "hidden_activation": "gelu",
     }
+
+
+def _norm_eps(meta: dict[str, Any], arch: str) -> float:
+    """The LayerNorms' epsilon: `attention.layer_norm_epsilon`, where llama.cpp reads it. The converter at
+    3f545bec writes a ModernBertModel's norm_eps as `attention.layer_norm_rms_epsilon` instead, a file its own
+    llama-server refuses (key not found); the value is the same LayerNorm epsilon, so it is read from there."""
+    value = meta.get(f"{arch}.attention.layer_norm_epsilon")
+    if value is None:
+        value = meta.get(f"{arch}.attention.layer_norm_rms_epsilon")
+        if value is None:
+            raise UnsupportedCheckpoint(f"this modern-bert GGUF has no {arch}.attention.layer_norm_epsilon")
+        log.warning("this modern-bert GGUF holds its norm epsilon as %s.attention.layer_norm_rms_epsilon (as "
+                    "llama.cpp's converter writes it; llama-server refuses such a file): read from there", arch)
+    return float(value)
 
 
 def head_options(config: dict[str, Any]) -> dict[str, Any]:
