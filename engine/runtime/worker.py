@@ -8,7 +8,7 @@ calls spread over more, so with two lanes (each one BLAS thread) two passes comp
 work on every op: softmax, GELU, LayerNorm and copies too (measured on 2 cores: 1.2-1.3x the tokens/s of
 one lane with two BLAS threads). At most -t lanes of the whole process compute at once, every engine's together, and the
 BLAS threads (-t) are shared out over the lanes computing (engine/runtime/blas.py): a lane computing alone gets them
-all, lanes computing together split them, and a small pass computing alone (a lone short request) gets one.
+all (a single short request measured ~40% slower with one), lanes computing together split them.
 """
 from __future__ import annotations
 
@@ -208,8 +208,6 @@ class Worker:
                 if batch and not computing:
                     blas.compute_started()  # may wait for another engine's lane: this lane holds no pass now
                     computing = True
-                if batch:
-                    blas.pass_starting(len(batch) * max(item.n_tokens for item in batch), in_flight is not None)
                 launched = self._launch(batch) if batch else None
                 if in_flight is not None:
                     self._deliver(in_flight)

@@ -1,5 +1,4 @@
-"""engine/runtime/blas.py: at most -t lanes of the whole process compute at once, sharing the BLAS threads of -t
-(a small pass computing alone on one)."""
+"""engine/runtime/blas.py: at most -t lanes of the whole process compute at once, sharing the BLAS threads of -t."""
 from __future__ import annotations
 
 import threading
@@ -16,44 +15,19 @@ def recorded(monkeypatch):
     monkeypatch.setattr(blas, "set_threads", calls.append)
     monkeypatch.setattr(blas, "_computing", 0)
     monkeypatch.setattr(blas, "_budget", 0)
-    monkeypatch.setattr(blas, "_current", 0)
     blas.set_budget(4)
     return calls
 
 
-BIG = blas.SMALL_PASS_ROWS + 1
-
-
 def test_a_lane_alone_gets_every_thread_and_lanes_together_share_them(recorded):
     blas.compute_started()  # one lane, or one engine of the process
-    blas.pass_starting(BIG)
     blas.compute_started()  # another lane, or another engine
-    blas.pass_starting(BIG)
     blas.compute_started()
-    blas.pass_starting(BIG)
-    assert recorded == [4, 2, 1]  # the budget, then each share (a count already set is not set again)
+    assert recorded == [4, 4, 2, 1]
     for _ in range(3):
         blas.compute_finished()
     blas.compute_started()
-    blas.pass_starting(BIG)
     assert recorded[-1] == 4
-    blas.compute_finished()
-
-
-def test_a_small_pass_computing_alone_gets_one_thread(recorded):
-    blas.compute_started()
-    blas.pass_starting(blas.SMALL_PASS_ROWS)  # a lone short request
-    assert recorded[-1] == 1
-    blas.pass_starting(blas.SMALL_PASS_ROWS)
-    assert recorded == [4, 1]  # unchanged: not set again
-    blas.pass_starting(BIG)
-    assert recorded[-1] == 4
-    blas.pass_starting(blas.SMALL_PASS_ROWS, behind_another=True)  # queued behind that big pass: keeps its share
-    assert recorded[-1] == 4
-    blas.compute_started()  # another lane: small passes get the even share
-    blas.pass_starting(1)
-    assert recorded[-1] == 2
-    blas.compute_finished()
     blas.compute_finished()
 
 
@@ -77,6 +51,5 @@ def test_no_budget_leaves_the_library_alone(monkeypatch):
     monkeypatch.setattr(blas, "_computing", 0)
     monkeypatch.setattr(blas, "_budget", 0)
     blas.compute_started()
-    blas.pass_starting(1)
     blas.compute_finished()
     assert calls == []
