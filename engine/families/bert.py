@@ -13,6 +13,7 @@ import mlx.nn as nn
 from engine.errors import UnsupportedCheckpoint
 from engine.families.base import (
     BaseModelArgs,
+    LayerNorm,
     Trunk,
     activation,
     attention,
@@ -48,7 +49,7 @@ class BertEmbeddings(nn.Module):
         self.word_embeddings = nn.Embedding(args.vocab_size, args.hidden_size)
         self.position_embeddings = nn.Embedding(args.max_position_embeddings, args.hidden_size)
         self.token_type_embeddings = nn.Embedding(args.type_vocab_size, args.hidden_size)
-        self.LayerNorm = nn.LayerNorm(args.hidden_size, eps=args.layer_norm_eps)
+        self.LayerNorm = LayerNorm(args.hidden_size, eps=args.layer_norm_eps)
 
     def __call__(self, input_ids: mx.array, token_type_ids: mx.array, position_ids: mx.array) -> mx.array:
         x = (self.word_embeddings(input_ids) + self.position_embeddings(position_ids)
@@ -73,7 +74,7 @@ class BertSelfOutput(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
         self.dense = nn.Linear(args.hidden_size, args.hidden_size)
-        self.LayerNorm = nn.LayerNorm(args.hidden_size, eps=args.layer_norm_eps)
+        self.LayerNorm = LayerNorm(args.hidden_size, eps=args.layer_norm_eps)
 
     def __call__(self, x: mx.array, residual: mx.array) -> mx.array:
         return self.LayerNorm(self.dense(x) + residual)
@@ -103,7 +104,7 @@ class BertOutput(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
         self.dense = nn.Linear(args.intermediate_size, args.hidden_size)
-        self.LayerNorm = nn.LayerNorm(args.hidden_size, eps=args.layer_norm_eps)
+        self.LayerNorm = LayerNorm(args.hidden_size, eps=args.layer_norm_eps)
 
     def __call__(self, x: mx.array, residual: mx.array) -> mx.array:
         return self.LayerNorm(self.dense(x) + residual)
@@ -205,7 +206,7 @@ class BertPredictionHeadTransform(nn.Module):
         super().__init__()
         self.dense = nn.Linear(args.hidden_size, args.hidden_size)
         self.act = activation(args.hidden_act)
-        self.LayerNorm = nn.LayerNorm(args.hidden_size, eps=args.layer_norm_eps)
+        self.LayerNorm = LayerNorm(args.hidden_size, eps=args.layer_norm_eps)
 
     def __call__(self, x: mx.array) -> mx.array:
         return self.LayerNorm(self.act(self.dense(x)))

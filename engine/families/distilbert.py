@@ -13,7 +13,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from engine.errors import UnsupportedCheckpoint
-from engine.families.base import BaseModelArgs, Trunk, activation, attention, padding_mask, split_heads
+from engine.families.base import BaseModelArgs, LayerNorm, Trunk, activation, attention, padding_mask, split_heads
 
 EPS = 1e-12  # transformers' DistilBERT fixes every LayerNorm's eps
 
@@ -38,7 +38,7 @@ class Embeddings(nn.Module):
         super().__init__()
         self.word_embeddings = nn.Embedding(args.vocab_size, args.dim)
         self.position_embeddings = nn.Embedding(args.max_position_embeddings, args.dim)
-        self.LayerNorm = nn.LayerNorm(args.dim, eps=EPS)
+        self.LayerNorm = LayerNorm(args.dim, eps=EPS)
 
     def __call__(self, input_ids: mx.array) -> mx.array:
         positions = mx.arange(input_ids.shape[1])[None]
@@ -74,9 +74,9 @@ class TransformerBlock(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
         self.attention = MultiHeadSelfAttention(args)
-        self.sa_layer_norm = nn.LayerNorm(args.dim, eps=EPS)
+        self.sa_layer_norm = LayerNorm(args.dim, eps=EPS)
         self.ffn = FFN(args)
-        self.output_layer_norm = nn.LayerNorm(args.dim, eps=EPS)
+        self.output_layer_norm = LayerNorm(args.dim, eps=EPS)
 
     def __call__(self, x: mx.array, mask: mx.array) -> mx.array:
         h = self.sa_layer_norm(self.attention(x, mask) + x)
@@ -130,7 +130,7 @@ class MaskedLM(nn.Module):
         self.distilbert = Model(args)
         self.vocab_transform = nn.Linear(args.dim, args.dim)
         self.act = activation(args.activation)
-        self.vocab_layer_norm = nn.LayerNorm(args.dim, eps=EPS)
+        self.vocab_layer_norm = LayerNorm(args.dim, eps=EPS)
         self.vocab_projector = nn.Linear(args.dim, args.vocab_size)
 
     @property

@@ -16,8 +16,8 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from engine.errors import UnsupportedCheckpoint
-from engine.families.base import (BaseModelArgs, Trunk, activation, attention, padding_mask, split_heads,
-                                  trunk_weights, without_prefix)
+from engine.families.base import (BaseModelArgs, LayerNorm, Trunk, activation, attention, padding_mask,
+                                  split_heads, trunk_weights, without_prefix)
 from engine.families import bert
 
 # Where the trunk sits in the task heads: NewFor* checkpoints use `new.`, transformers' GteFor* `gte.`.
@@ -93,7 +93,7 @@ class NewEmbeddings(nn.Module):
         self.word_embeddings = nn.Embedding(args.vocab_size, args.hidden_size)
         if args.type_vocab_size > 0:  # gte-base-en-v1.5 has none
             self.token_type_embeddings = nn.Embedding(args.type_vocab_size, args.hidden_size)
-        self.LayerNorm = nn.LayerNorm(args.hidden_size, eps=args.layer_norm_eps)
+        self.LayerNorm = LayerNorm(args.hidden_size, eps=args.layer_norm_eps)
 
     def __call__(self, input_ids: mx.array, token_type_ids: mx.array) -> mx.array:
         x = self.word_embeddings(input_ids)
@@ -138,8 +138,8 @@ class NewLayer(nn.Module):
         super().__init__()
         self.attention = NewAttention(args)
         self.mlp = NewGatedMLP(args)
-        self.attn_ln = nn.LayerNorm(args.hidden_size, eps=args.layer_norm_eps)
-        self.mlp_ln = nn.LayerNorm(args.hidden_size, eps=args.layer_norm_eps)
+        self.attn_ln = LayerNorm(args.hidden_size, eps=args.layer_norm_eps)
+        self.mlp_ln = LayerNorm(args.hidden_size, eps=args.layer_norm_eps)
 
     def __call__(self, x: mx.array, mask: mx.array) -> mx.array:
         h = self.attn_ln(x + self.attention(x, mask))

@@ -24,7 +24,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from engine.families.base import BaseModelArgs, Trunk, attention, gelu_erf, padding_mask, split_heads
+from engine.families.base import BaseModelArgs, LayerNorm, Trunk, attention, gelu_erf, padding_mask, split_heads
 from engine.families.bert import BertSelfOutput
 from engine.families.kernels import BLOCKWISE_FROM
 
@@ -86,7 +86,7 @@ class JinaBertEmbeddings(nn.Module):
         super().__init__()
         self.word_embeddings = nn.Embedding(args.vocab_size, args.hidden_size)
         self.token_type_embeddings = nn.Embedding(args.type_vocab_size, args.hidden_size)
-        self.LayerNorm = nn.LayerNorm(args.hidden_size, eps=args.layer_norm_eps)
+        self.LayerNorm = LayerNorm(args.hidden_size, eps=args.layer_norm_eps)
 
     def __call__(self, input_ids: mx.array, token_type_ids: mx.array) -> mx.array:
         return self.LayerNorm(self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids))
@@ -101,8 +101,8 @@ class JinaBertSelfAttention(nn.Module):
         self.key = nn.Linear(d, d, bias=args.attention_bias)
         self.value = nn.Linear(d, d, bias=args.attention_bias)
         if args.qk_norm:
-            self.layer_norm_q = nn.LayerNorm(d, eps=args.layer_norm_eps)
-            self.layer_norm_k = nn.LayerNorm(d, eps=args.layer_norm_eps)
+            self.layer_norm_q = LayerNorm(d, eps=args.layer_norm_eps)
+            self.layer_norm_k = LayerNorm(d, eps=args.layer_norm_eps)
 
     def __call__(self, x: mx.array, mask, alibi: Alibi) -> mx.array:
         q, k, v = self.query(x), self.key(x), self.value(x)
@@ -140,7 +140,7 @@ class JinaBertMLP(nn.Module):
         if args.separate_gate:
             self.gate_layer = nn.Linear(d, ff, bias=False)
         self.wo = nn.Linear(ff, d)
-        self.layernorm = nn.LayerNorm(d, eps=args.layer_norm_eps)
+        self.layernorm = LayerNorm(d, eps=args.layer_norm_eps)
 
     def __call__(self, x: mx.array) -> mx.array:
         up = self.up_layer(x)
@@ -158,7 +158,7 @@ class JinaBertLayer(nn.Module):
         super().__init__()
         self.attention = JinaBertAttention(args)
         if args.second_attention_norm:
-            self.layer_norm_1 = nn.LayerNorm(args.hidden_size, eps=args.layer_norm_eps)
+            self.layer_norm_1 = LayerNorm(args.hidden_size, eps=args.layer_norm_eps)
         self.mlp = JinaBertMLP(args)
 
     def __call__(self, x: mx.array, mask, alibi: Alibi) -> mx.array:

@@ -1,10 +1,11 @@
 """The compute kernels the families share, in two sets chosen once from the device.
 
 - `cpu-arithmetic` (a CPU): exp, softmax and GELU written out in arithmetic that `mx.compile` fuses (MLX's exp
-  and erf are scalar loops on a Linux CPU: docs/mlx-on-linux.md), and attention computed blockwise above
+  and erf are scalar loops on a Linux CPU: docs/mlx-on-linux.md), LayerNorm as MLX's own op-by-op fallback with
+  its element-wise steps fused (fewer graph nodes, the same bits), and attention computed blockwise above
   BLOCKWISE_FROM tokens (below it, the dense matmul + softmax + matmul, which is faster there).
 - `fused` (a GPU: Metal or CUDA): MLX's own kernels, mx.fast.scaled_dot_product_attention, mx.fast.rope,
-  mx.softmax and the erf GELU. Nothing tuned for the CPU runs there.
+  mx.fast.layer_norm, mx.softmax and the erf GELU. Nothing tuned for the CPU runs there.
 
 Both sets compute the same function (tests/engine/families/test_kernels.py compares them on this CPU, where the
 fused ops run too, only slower). `select()` sets the set for the process (the device is one per process);
@@ -98,6 +99,40 @@ def _gelu_erf_arithmetic(x: mx.array) -> mx.array:
 
 # shapeless: one compilation serves every batch shape, so a request never waits for a compiler.
 _gelu_erf_compiled = mx.compile(_gelu_erf_arithmetic, shapeless=True)
+
+# LayerNorm: MLX's mx.fast.layer_norm has no CPU kernel and runs its fallback op by op (18 graph nodes: a cast,
+# two means, each a sum and a multiply, the broadcasts between, rsqrt, the affine), and on a CPU every node costs
+# a scheduler dispatch (~10 us here: more than the arithmetic of a short input). The same computation, op for op
+# and in the same order, with its element-wise steps fused by mx.compile gives the same bits in a few nodes.
+# Shapeless, so every shape shares one trace (a shapeless mean divides by the element count it reads at run time);
+# one trace per eps and affine terms. float32 only: other dtypes keep MLX's function (its casts are not
+# reproduced here).
+_LAYER_NORMS: dict[tuple[float, bool, bool], Callable[..., mx.array]] = {}
+
+
+def _layer_norm_of(has_weight: bool, has_bias: bool, eps: float) -> Callable[..., mx.array]:
+    def layer_norm(x: mx.array, *affine: mx.array) -> mx.array:
+        xc = x - mx.mean(x, axis=-1, keepdims=True)
+        y = xc * mx.rsqrt(mx.mean(mx.square(xc), axis=-1, keepdims=True) + mx.array(eps, dtype=mx.float32))
+        if has_weight:
+            y = y * affine[0]
+        if has_bias:
+            y = y + affine[-1]
+        return y
+
+    return layer_norm
+
+
+def _layer_norm_arithmetic(x: mx.array, weight: mx.array | None, bias: mx.array | None, eps: float) -> mx.array:
+    """mx.fast.layer_norm(x, weight, bias, eps) in fewer graph nodes (the same bits for float32)."""
+    if any(a is not None and a.dtype != mx.float32 for a in (x, weight, bias)):
+        return mx.fast.layer_norm(x, weight, bias, eps)
+    key = (eps, weight is not None, bias is not None)
+    fn = _LAYER_NORMS.get(key)
+    if fn is None:
+        fn = _LAYER_NORMS[key] = mx.compile(_layer_norm_of(key[1], key[2], eps), shapeless=True)
+    return fn(x, *(a for a in (weight, bias) if a is not None))
+
 
 # 2^23 * (sqrt(2) * 2^g - 1) + 0.5 on g in [-0.5, 0.5], degree 5, least squares on Chebyshev nodes: within 0.92
 # of the exact value, i.e. a relative error of about 1.1e-7 once it is the mantissa of 2^(g + 0.5).
@@ -232,16 +267,19 @@ def _merge_heads(out: mx.array, b: int, h: int, length: int, dh: int) -> mx.arra
     return out.reshape(b, h, length, dh).transpose(0, 2, 1, 3).reshape(b, length, h * dh)
 
 
-def _dense_attention(q: mx.array, k: mx.array, v: mx.array, mask: mx.array, scale: float,
+def _dense_attention(q: mx.array, k: mx.array, v: mx.array, mask: mx.array | None, scale: float,
                      bias: mx.array | None = None) -> mx.array:
+    """mask None: every query sees every key (the masking pass would change nothing)."""
     b, h, length, dh = q.shape
     if h != k.shape[1]:
         q, k, v, _ = _grouped(q, k, v)
-        mask = mask[:, :, None]
+        mask = None if mask is None else mask[:, :, None]
     scores = (q * scale) @ k.swapaxes(-1, -2)
     if bias is not None:
         scores = scores + bias
-    return _merge_heads(_softmax_arithmetic(mx.where(mask, scores, -1e30)) @ v, b, h, length, dh)
+    if mask is not None:
+        scores = mx.where(mask, scores, -1e30)
+    return _merge_heads(_softmax_arithmetic(scores) @ v, b, h, length, dh)
 
 
 # -- blockwise attention (long inputs on a CPU) ------------------------------------------------------------
@@ -371,6 +409,10 @@ def _attention_arithmetic(q: mx.array, k: mx.array, v: mx.array, mask: Mask | mx
     if isinstance(mask, Mask):
         if mask.queries is None and bias is None and q.shape[2] >= BLOCKWISE_FROM:
             return _blockwise(q, k, v, mask, scale)
+        if mask.source is not None and not mask.structured and not mask.diagonal and not mask.padding_matters():
+            # no key is padding (a lone input, equal lengths): nothing to mask. Read from `source`, on the host
+            # already: deciding never waits for a pass computing on the stream
+            return _dense_attention(q, k, v, None, scale, bias)
         mask = mask.dense()
     return _dense_attention(q, k, v, mask, scale, bias)
 
@@ -420,13 +462,14 @@ class Kernels:
     attention: Callable[..., mx.array]  # (q, k, v, mask, scale, bias=None) -> [B, Lq, H * Dh]
     softmax: Callable[[mx.array], mx.array]
     gelu_erf: Callable[[mx.array], mx.array]
+    layer_norm: Callable[..., mx.array]  # (x, weight or None, bias or None, eps), as mx.fast.layer_norm
     fused_rope: bool  # rotary embeddings by mx.fast.rope (else cos / sin tables)
 
 
 CPU_ARITHMETIC = Kernels("cpu-arithmetic", _attention_arithmetic, _softmax_arithmetic, _gelu_erf_compiled,
-                         fused_rope=False)
+                         _layer_norm_arithmetic, fused_rope=False)
 FUSED = Kernels("fused", _attention_fused, lambda scores: mx.softmax(scores, axis=-1, precise=True),
-                lambda x: nn.gelu(x), fused_rope=True)
+                lambda x: nn.gelu(x), mx.fast.layer_norm, fused_rope=True)
 SETS = {kernels.name: kernels for kernels in (CPU_ARITHMETIC, FUSED)}
 
 

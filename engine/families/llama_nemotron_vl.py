@@ -27,7 +27,7 @@ import numpy as np
 
 from engine.errors import UnsupportedCheckpoint
 from engine.families import llama, siglip
-from engine.families.base import GeluErf, Trunk, pixel_shuffle, place_image_features
+from engine.families.base import GeluErf, LayerNorm, Trunk, pixel_shuffle, place_image_features
 
 IMAGE_START, IMAGE_END, IMAGE_CONTEXT = "<img>", "</img>", "<IMG_CONTEXT>"
 FAMILY = "llama_nemotron_vl"
@@ -101,7 +101,7 @@ class Model(Trunk):
         self.args = args.llm  # what the engine reads: hidden_size, max_position_embeddings
         self.vision_model = VisionModel(args.vision)
         width = args.vision.hidden_size * args.shuffle_factor ** 2
-        self.mlp1 = [nn.LayerNorm(width), nn.Linear(width, args.llm.hidden_size), GeluErf(),
+        self.mlp1 = [LayerNorm(width), nn.Linear(width, args.llm.hidden_size), GeluErf(),
                      nn.Linear(args.llm.hidden_size, args.llm.hidden_size)]
         self.language_model = llama.DecoderModel(args.llm)
 

@@ -16,6 +16,7 @@ from engine.errors import UnsupportedCheckpoint
 from engine.families.base import (
     SLIDING_ATTENTION,
     BaseModelArgs,
+    LayerNorm,
     Mask,
     Trunk,
     activation,
@@ -90,8 +91,8 @@ class ModelArgs(BaseModelArgs):
         return self.local_attention // 2
 
 
-def _layer_norm(args: ModelArgs) -> nn.LayerNorm:
-    return nn.LayerNorm(args.hidden_size, eps=args.norm_eps, bias=args.norm_bias)
+def _layer_norm(args: ModelArgs) -> LayerNorm:
+    return LayerNorm(args.hidden_size, eps=args.norm_eps, bias=args.norm_bias)
 
 
 class ModernBertEmbeddings(nn.Module):

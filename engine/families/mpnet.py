@@ -14,13 +14,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from engine.families import bert
-from engine.families.base import (
-    Trunk,
-    attention,
-    padding_mask,
-    relative_position_buckets,
-    split_heads,
-)
+from engine.families.base import LayerNorm, Trunk, attention, padding_mask, relative_position_buckets, split_heads
 from engine.families.xlm_roberta import positions_after_pad
 
 PAD = 1  # MPNetEmbeddings.padding_idx
@@ -37,7 +31,7 @@ class MPNetEmbeddings(nn.Module):
         super().__init__()
         self.word_embeddings = nn.Embedding(args.vocab_size, args.hidden_size)
         self.position_embeddings = nn.Embedding(args.max_position_embeddings, args.hidden_size)
-        self.LayerNorm = nn.LayerNorm(args.hidden_size, eps=args.layer_norm_eps)
+        self.LayerNorm = LayerNorm(args.hidden_size, eps=args.layer_norm_eps)
 
     def __call__(self, input_ids: mx.array, attention_mask: mx.array) -> mx.array:
         positions = positions_after_pad(input_ids, attention_mask, PAD)
@@ -62,7 +56,7 @@ class MPNetAttention(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
         self.attn = MPNetSelfAttention(args)
-        self.LayerNorm = nn.LayerNorm(args.hidden_size, eps=args.layer_norm_eps)
+        self.LayerNorm = LayerNorm(args.hidden_size, eps=args.layer_norm_eps)
 
     def __call__(self, x: mx.array, mask: mx.array, position_bias: mx.array) -> mx.array:
         return self.LayerNorm(self.attn(x, mask, position_bias) + x)

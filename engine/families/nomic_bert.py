@@ -26,7 +26,8 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from engine.errors import UnsupportedCheckpoint
-from engine.families.base import BaseModelArgs, Trunk, activation, attention, padding_mask, split_heads, trunk_weights
+from engine.families.base import (BaseModelArgs, LayerNorm, Trunk, activation, attention, padding_mask,
+                                  split_heads, trunk_weights)
 
 # activation_function -> the gate's activation (base.activation names): fc2(fc11(x) * act(fc12(x))).
 _GATES = {"swiglu": "silu", "geglu": "gelu"}
@@ -247,8 +248,8 @@ class NomicBertBlock(nn.Module):
         self.attn = NomicBertAttention(args)
         self.mlp = (NomicMoELayer(args) if moe else NomicBertGatedMLP(args) if args.activation_function in _GATES
                     else NomicBertMLP(args))
-        self.norm1 = nn.LayerNorm(args.n_embd, eps=args.layer_norm_epsilon)
-        self.norm2 = nn.LayerNorm(args.n_embd, eps=args.layer_norm_epsilon)
+        self.norm1 = LayerNorm(args.n_embd, eps=args.layer_norm_epsilon)
+        self.norm2 = LayerNorm(args.n_embd, eps=args.layer_norm_epsilon)
 
     def __call__(self, x: mx.array, mask: mx.array) -> mx.array:
         h = self.norm1(x + self.attn(x, mask))
@@ -273,7 +274,7 @@ class Model(Trunk):
         super().__init__()
         self.args = args
         self.embeddings = NomicBertEmbeddings(args)
-        self.emb_ln = nn.LayerNorm(args.n_embd, eps=args.layer_norm_epsilon)
+        self.emb_ln = LayerNorm(args.n_embd, eps=args.layer_norm_epsilon)
         self.encoder = NomicBertEncoder(args)
 
     @property

@@ -25,6 +25,7 @@ from engine.families import llama, qwen2
 from engine.families.base import (
     BaseModelArgs,
     GeluErf,
+    LayerNorm,
     Rotary,
     activation,
     attention,
@@ -124,7 +125,7 @@ class VisionAttention(nn.Module):
 
 
 class PatchMerger(nn.Module):
-    def __init__(self, args: VisionArgs, norm: type[nn.Module] = nn.LayerNorm):
+    def __init__(self, args: VisionArgs, norm: type[nn.Module] = LayerNorm):
         super().__init__()
         width = args.width * args.spatial_merge_size ** 2
         self.ln_q = norm(args.width, eps=1e-6)
@@ -168,7 +169,7 @@ class VisionMLP(nn.Module):
 
 
 class VisionBlock(nn.Module):
-    norm: type[nn.Module] = nn.LayerNorm
+    norm: type[nn.Module] = LayerNorm
     mlp_class: type[nn.Module] = VisionMLP
 
     def __init__(self, args: VisionArgs):

@@ -17,7 +17,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from engine.families.base import BaseModelArgs, activation, rotate, softmax
+from engine.families.base import BaseModelArgs, LayerNorm, activation, rotate, softmax
 from engine.families.mrope import Grid, axial_rotary, merge_block_positions
 
 
@@ -142,8 +142,8 @@ class VisionMLP(nn.Module):
 class VisionBlock(nn.Module):
     def __init__(self, args: VisionArgs):
         super().__init__()
-        self.norm1 = nn.LayerNorm(args.hidden_size, eps=1e-6)
-        self.norm2 = nn.LayerNorm(args.hidden_size, eps=1e-6)
+        self.norm1 = LayerNorm(args.hidden_size, eps=1e-6)
+        self.norm2 = LayerNorm(args.hidden_size, eps=1e-6)
         self.attn = VisionAttention(args)
         self.mlp = VisionMLP(args)
 
@@ -160,7 +160,7 @@ class PatchMerger(nn.Module):
         super().__init__()
         self.width = args.hidden_size * args.spatial_merge_size ** 2
         self.norm_after_concat = norm_after_concat
-        self.norm = nn.LayerNorm(self.width if norm_after_concat else args.hidden_size, eps=1e-6)
+        self.norm = LayerNorm(self.width if norm_after_concat else args.hidden_size, eps=1e-6)
         self.linear_fc1 = nn.Linear(self.width, self.width)
         self.linear_fc2 = nn.Linear(self.width, args.out_hidden_size)
         self.act = activation("gelu")  # nn.GELU() in the reference: the erf form

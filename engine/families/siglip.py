@@ -17,7 +17,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from engine.errors import UnsupportedCheckpoint
-from engine.families.base import BaseModelArgs, Trunk, activation, softmax, split_heads
+from engine.families.base import BaseModelArgs, LayerNorm, Trunk, activation, softmax, split_heads
 
 
 @dataclass
@@ -112,9 +112,9 @@ class MLP(nn.Module):
 class EncoderLayer(nn.Module):
     def __init__(self, args: TowerArgs):
         super().__init__()
-        self.layer_norm1 = nn.LayerNorm(args.hidden_size, eps=args.layer_norm_eps)
+        self.layer_norm1 = LayerNorm(args.hidden_size, eps=args.layer_norm_eps)
         self.self_attn = Attention(args.hidden_size, args.num_attention_heads)
-        self.layer_norm2 = nn.LayerNorm(args.hidden_size, eps=args.layer_norm_eps)
+        self.layer_norm2 = LayerNorm(args.hidden_size, eps=args.layer_norm_eps)
         self.mlp = MLP(args.hidden_size, args.intermediate_size, args.hidden_act)
 
     def __call__(self, x: mx.array) -> mx.array:
@@ -148,7 +148,7 @@ class TextTransformer(nn.Module):
         super().__init__()
         self.embeddings = TextEmbeddings(args)
         self.encoder = Encoder(args)
-        self.final_layer_norm = nn.LayerNorm(args.hidden_size, eps=args.layer_norm_eps)
+        self.final_layer_norm = LayerNorm(args.hidden_size, eps=args.layer_norm_eps)
         self.head = nn.Linear(args.hidden_size, args.projection_size)
 
     def __call__(self, input_ids: mx.array) -> mx.array:
@@ -192,7 +192,7 @@ class AttentionPoolingHead(nn.Module):
         super().__init__()
         self.probe = mx.zeros((1, 1, args.hidden_size))
         self.attention = PoolingAttention(args.hidden_size, args.num_attention_heads)
-        self.layernorm = nn.LayerNorm(args.hidden_size, eps=args.layer_norm_eps)
+        self.layernorm = LayerNorm(args.hidden_size, eps=args.layer_norm_eps)
         self.mlp = MLP(args.hidden_size, args.intermediate_size, args.hidden_act)
 
     def __call__(self, x: mx.array) -> mx.array:
@@ -207,7 +207,7 @@ class VisionTransformer(nn.Module):
         super().__init__()
         self.embeddings = VisionEmbeddings(args)
         self.encoder = Encoder(args)
-        self.post_layernorm = nn.LayerNorm(args.hidden_size, eps=args.layer_norm_eps)
+        self.post_layernorm = LayerNorm(args.hidden_size, eps=args.layer_norm_eps)
         if with_head:
             self.head = AttentionPoolingHead(args)
 

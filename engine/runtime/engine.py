@@ -62,6 +62,17 @@ def _labelled(label: str, build: Callable[[], T]) -> T:
         raise (InvalidImage if isinstance(exc, InvalidImage) else InvalidInput)(f"{label}: {exc}") from None
 
 
+def _finished(future: concurrent.futures.Future, timeout_s: float) -> bool:
+    """Whether the future ended (result, error or cancelled) within timeout_s."""
+    try:
+        future.exception(timeout=timeout_s)
+    except concurrent.futures.TimeoutError:
+        return False
+    except concurrent.futures.CancelledError:
+        pass
+    return True
+
+
 def _cost(item: list[int] | ImageWork | PreparedInput) -> int:
     """What an input counts as in usage: its tokens, image tokens included (a tower's image: its patches)."""
     if isinstance(item, ImageWork):
@@ -618,7 +629,11 @@ class Engine:
             self._in_flight += 1
         try:
             items = self._worker.submit(token_lists, time.monotonic() + timeout_s, type_lists, task)
-            _, pending = concurrent.futures.wait([item.future for item in items], timeout=timeout_s)
+            if len(items) == 1:  # a lone input waits on its own future (wait() builds a waiter for each call)
+                done = _finished(items[0].future, timeout_s)
+                pending = set() if done else {items[0].future}
+            else:
+                _, pending = concurrent.futures.wait([item.future for item in items], timeout=timeout_s)
             if pending:
                 for future in pending:
                     future.cancel()

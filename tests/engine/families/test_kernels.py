@@ -242,3 +242,50 @@ def test_sequence_mask_is_described_and_densified_as_before():
     expected = ((delta >= 0) & (np.abs(delta) < 2))[None] & (np.array(attention_mask) != 0)[:, None, :]
     expected |= np.eye(5, dtype=bool)[None]
     np.testing.assert_array_equal(np.array(mask.dense()), expected[:, None])
+
+
+@pytest.mark.parametrize("affine", ["weight and bias", "weight only", "none"])
+def test_the_cpu_layer_norm_gives_mlx_s_own_bits(affine):
+    """The CPU set's LayerNorm is mx.fast.layer_norm's own computation in fewer graph nodes: the same bits, for
+    every batch shape and width sharing one trace, in float32; other dtypes are MLX's."""
+    keys = mx.random.split(mx.random.key(3), 4)
+    for shape, eps in (((1, 17, 384), 1e-12), ((3, 40, 384), 1e-12), ((2, 5, 768), 1e-12), ((2, 5, 768), 1e-5),
+                       ((7, 32), 1e-6)):
+        x = mx.random.normal(shape, key=keys[0]) * 3 + 1
+        weight = mx.random.normal(shape[-1:], key=keys[1]) if affine != "none" else None
+        bias = mx.random.normal(shape[-1:], key=keys[2]) if affine == "weight and bias" else None
+        want = np.array(mx.fast.layer_norm(x, weight, bias, eps))
+        assert np.array_equal(np.array(kernels.CPU_ARITHMETIC.layer_norm(x, weight, bias, eps)), want)
+    half = (mx.random.normal((2, 9, 64), key=keys[3])).astype(mx.bfloat16)
+    got = kernels.CPU_ARITHMETIC.layer_norm(half, None, None, 1e-5)
+    assert got.dtype == mx.bfloat16 and np.array_equal(np.array(got.astype(mx.float32)),
+                                                       np.array(mx.fast.layer_norm(half, None, None, 1e-5)
+                                                                .astype(mx.float32)))
+
+
+def test_families_layer_norm_follows_the_kernel_set():
+    from engine.families.base import LayerNorm
+
+    norm = LayerNorm(48, eps=1e-7)
+    norm.weight = mx.random.normal((48,), key=mx.random.key(4))
+    x = mx.random.normal((2, 6, 48), key=mx.random.key(5))
+    want = np.array(mx.fast.layer_norm(x, norm.weight, norm.bias, 1e-7))
+    for name in kernels.SETS:
+        with kernels.using(name):
+            assert np.array_equal(np.array(norm(x)), want)
+    assert set(dict(tree_flatten(norm.parameters()))) == {"weight", "bias"}  # nn.LayerNorm's checkpoint keys
+
+
+def test_unpadded_rows_skip_the_masking_pass_with_the_same_bits():
+    """A pass whose keys are all real (a lone input) skips the masking pass: the same bits as the masked one, and
+    padded rows still masked."""
+    q, k, v = _qkv(1, 4, 4, 17, 8)
+    full = bert.padding_mask(mx.ones((1, 17), dtype=mx.int32))
+    masked = kernels._dense_attention(q, k, v, full.dense(), 0.125)
+    assert np.array_equal(np.array(kernels.CPU_ARITHMETIC.attention(q, k, v, full, 0.125)), np.array(masked))
+    q2, k2, v2 = _qkv(2, 4, 4, 17, 8, seed=1)
+    padded = bert.padding_mask(_attention_mask([17, 9], 17, left=False))
+    alone = kernels.CPU_ARITHMETIC.attention(q2[1:, :, :9], k2[1:, :, :9], v2[1:, :, :9],
+                                             bert.padding_mask(mx.ones((1, 9), dtype=mx.int32)), 0.125)
+    batched = kernels.CPU_ARITHMETIC.attention(q2, k2, v2, padded, 0.125)
+    assert np.abs(np.array(batched[1, :9]) - np.array(alone[0])).max() < 1e-5
