@@ -1,7 +1,8 @@
 """GGUFs made by llama.cpp's own tools (tests/fixtures/gguf/: tiny random checkpoints in each architecture's
 published layout, converted by convert_hf_to_gguf.py and quantized by llama-quantize at commit 3f545bec; rebuilt
 by tests/fixtures/gguf/make/make_converted.py), served by the engine against llama-server's answers captured on
-the same files (NAME.llama-server.json): token ids exactly, vectors to cosine >= 0.9999 (F32/F16), 0.999 (Q8_0),
+the same files (NAME.llama-server.json; NAME.lora-TASK.llama-server.json: the file again with `--lora`, the adapter
+the converter wrote beside it): token ids exactly, vectors to cosine >= 0.9999 (F32/F16), 0.999 (Q8_0),
 0.99 (Q4_K_M), rerank scores within 1e-3 (F32). No llama-server needed, except for the check that the captured
 answers are still what the binary answers (skipped without it).
 """
@@ -37,12 +38,14 @@ def floor(tensor_types: list[str]) -> float:
 
 def engine_for(name: str, recorded: dict):
     """An engine on the file, told what llama-server was told: --pooling when the file holds none, rank mode for
-    a reranker."""
+    a reranker, --lora's adapters."""
     pooling = recorded["pooling"]
     options = {}
     if pooling["gguf_metadata"] in (None, "none", "unspecified") or recorded["kind"] == "rerank":
         options["pooling"] = POOLING[pooling["used"]]
-    return start_engine(FIXTURES / f"{name}.gguf", **options)
+    if recorded.get("lora"):
+        options["lora"] = tuple((str(FIXTURES / a["file"]), a["scale"]) for a in recorded["lora"])
+    return start_engine(FIXTURES / recorded["gguf"], **options)
 
 
 def test_every_fixture_is_the_file_its_answers_were_captured_on():
@@ -51,6 +54,23 @@ def test_every_fixture_is_the_file_its_answers_were_captured_on():
         recorded = answers(name)
         data = (FIXTURES / recorded["gguf"]).read_bytes()
         assert (len(data), hashlib.sha256(data).hexdigest()) == (recorded["bytes"], recorded["sha256"]), name
+        for adapter in recorded.get("lora", ()):
+            data = (FIXTURES / adapter["file"]).read_bytes()
+            assert (len(data), hashlib.sha256(data).hexdigest()) == (adapter["bytes"], adapter["sha256"]), name
+
+
+def test_the_lora_captures_are_of_a_captured_file_and_move_its_vectors():
+    """NAME.lora-TASK: the base file's capture again with `--lora lora-TASK-NAME.gguf` (the adapter the converter
+    wrote beside it); the adapter changes llama-server's vectors, so the engine's match is not the base file's."""
+    loras = [n for n in NAMES if answers(n).get("lora")]
+    assert loras
+    for name in loras:
+        recorded = answers(name)
+        base = answers(recorded["gguf"].removesuffix(".gguf"))
+        assert recorded["sha256"] == base["sha256"] and recorded["tokenize"] == base["tokenize"]
+        assert "--lora" in recorded["llama_server"]["command"]
+        pairs = zip(recorded["embeddings"]["vectors"], base["embeddings"]["vectors"], strict=True)
+        assert min(cosine(a, b) for a, b in pairs) < 0.999, name
 
 
 @pytest.mark.parametrize("name", NAMES)
