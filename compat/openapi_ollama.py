@@ -51,6 +51,7 @@ def _model(serving: Serving) -> Schema:
 def ollama_schemas(settings: Settings, serving: Serving) -> dict[str, Schema]:
     batch = min(settings.max_client_batch_size, settings.max_queue_items)
     model = _model(serving)
+    task = task_field(known(serving.of_kind(EMBEDDING) if serving.router else list(serving.models)))
     return {
         "OllamaError": {"type": "object", "required": ["error"], "properties": {"error": _STRING}},
         "OllamaEmbedRequest": {"type": "object", "properties": {
@@ -64,12 +65,12 @@ def ollama_schemas(settings: Settings, serving: Serving) -> dict[str, Schema]:
                            "description": "keep the first N components, then L2-normalize"},
             "keep_alive": _KEEP_ALIVE, "options": _OPTIONS,
             "late_chunking": LATE_CHUNKING, "truncation_direction": TRUNCATION_DIRECTION,
-            "task": task_field(known(serving.of_kind(EMBEDDING) if serving.router else list(serving.models)))}},
+            "task": task}},
         "OllamaEmbed": {"type": "object", "required": ["model", "embeddings"], "properties": {
             "model": _STRING, "embeddings": {"type": "array", "items": _VECTOR}, "total_duration": _INT,
             "load_duration": _INT, "prompt_eval_count": _INT}},
         "OllamaEmbeddingsRequest": {"type": "object", "properties": {
-            "model": model, "prompt": _STRING, "keep_alive": _KEEP_ALIVE, "options": _OPTIONS}},
+            "model": model, "prompt": _STRING, "keep_alive": _KEEP_ALIVE, "options": _OPTIONS, "task": task}},
         "OllamaEmbeddings": {"type": "object", "required": ["embedding"], "properties": {"embedding": _VECTOR}},
         "OllamaShowRequest": {"type": "object", "description": "`model`, or Ollama's deprecated `name`; other fields "
                                                                "(verbose, system, options) are ignored",

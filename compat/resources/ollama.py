@@ -128,7 +128,7 @@ class OllamaEmbedResource:
         result = None
         if request.prompt:
             normalize = -1 if legacy_raw(served.engine.info) else 2
-            result = self._embed(served, [request.prompt], None, normalize, None)
+            result = self._embed(served, [request.prompt], None, normalize, None, task=request.task)
         _unload_after(self._models, served, request.keep_alive_s)
         return render_legacy_response(result)
 

@@ -140,6 +140,7 @@ class OllamaLegacyRequest:
     model: str
     prompt: str
     keep_alive_s: float | None
+    task: str | None = None  # a task adapter (jina-embeddings-v3), as on /api/embed
 
 
 def parse_legacy_request(body: dict[str, Any]) -> OllamaLegacyRequest:
@@ -149,7 +150,7 @@ def parse_legacy_request(body: dict[str, Any]) -> OllamaLegacyRequest:
         raise bad_request("json: cannot unmarshal prompt into a string")
     _options(body)
     return OllamaLegacyRequest(model=_model(body), prompt=prompt,
-                               keep_alive_s=parse_keep_alive(body.get("keep_alive")))
+                               keep_alive_s=parse_keep_alive(body.get("keep_alive")), task=parse_task(body))
 
 
 def legacy_raw(info: ModelInfo) -> bool:

@@ -85,6 +85,10 @@ def test_tei_ollama_and_cohere_routes_take_the_task(served):
     ollama = client.simulate_post("/api/embed", json={"model": "m", "input": TEXTS, "task": "text-matching"})
     assert ollama.status_code == 200, ollama.text
     assert_vectors(served, ollama.json["embeddings"], "text-matching")
+    for text in TEXTS:  # Ollama's legacy route: one prompt
+        legacy = client.simulate_post("/api/embeddings", json={"model": "m", "prompt": text, "task": "separation"})
+        assert legacy.status_code == 200, legacy.text
+        assert cosine(np.asarray(legacy.json["embedding"]), expected(served, "separation", text, None)) >= MIN_COSINE
     for version in (1, 2):
         for input_type, task in (("search_query", "retrieval.query"), ("search_document", "retrieval.passage"),
                                  ("classification", "classification"), ("clustering", "separation")):
