@@ -63,7 +63,8 @@ def tei_schemas(settings: Settings, serving: Serving) -> dict[str, Schema]:
                                         "sentences": {"type": "array", "minItems": 1, "maxItems": batch - 1,
                                                       "items": sentence}}}
     parameters = {"anyOf": [{"type": "object", "properties": {
-        "truncate": _OPTIONAL_BOOL, "truncation_direction": _DIRECTION, "prompt_name": prompt_name}},
+        "truncate": _OPTIONAL_BOOL, "truncation_direction": _DIRECTION, "prompt_name": prompt_name,
+        "task": task_field(infos)}},
         {"type": "null"}]}
     vector = {"type": "array", "items": _NUMBER_OR_NULL}
     any_token = token(all_infos)

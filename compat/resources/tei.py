@@ -57,7 +57,7 @@ def _similarity(served: Served, body: dict) -> list[float]:
     _check_batch(served, len(request.sentences) + 1)
     result = embed_request_prompts(served, [[request.source], *([s] for s in request.sentences)],
                                    request.truncate, request.prompt_name, None, -1, None,
-                                   "left" if request.truncate_left else "right")
+                                   "left" if request.truncate_left else "right", task=request.task)
     served.record(result)
     return render_similarity_response(result)
 

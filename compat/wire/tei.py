@@ -13,7 +13,7 @@ Fields and shapes follow TEI's router/src/http/types.rs and server.rs:
   (prompted) text, special tokens with their own text and null offsets; /decode: `ids` (one list or a list
   of lists), `skip_special_tokens` (default true) -> one string per list;
 - /similarity: `inputs: {source_sentence, sentences}` (`parameters`: `prompt_name`, `truncate`,
-  `truncation_direction`) -> the cosine of each sentence with the source, in order;
+  `truncation_direction`, and our `task`) -> the cosine of each sentence with the source, in order;
 - errors: `{"error", "error_type"}` with TEI's statuses (ErrorType in router/src/lib.rs, StatusCode in
   server.rs): Validation 413 (too long, too many inputs), Empty 400, Tokenizer 422 (bad token ids),
   Overloaded 429, Unhealthy 503, Backend 424. A body TEI's JSON extractor rejects (a field of the wrong type)
@@ -153,14 +153,20 @@ def _prompts(value: Any) -> list[Prompt]:
         raise tei_error(exc) from None
 
 
+def _task(fields: dict[str, Any]) -> str | None:
+    """Our `task` (a task adapter, jina-embeddings-v3): on /embed beside `inputs`, on /similarity in `parameters`."""
+    task = fields.get("task")
+    if task is not None and not isinstance(task, str):
+        raise TeiError("Validation", '"task" must be a string', status=422)
+    return task
+
+
 def parse_embed_request(body: dict[str, Any], *, width: int, per_token: bool = False) -> TeiEmbedRequest:
     """/embed (per_token: /embed_all, which has no `normalize` nor `dimensions`)."""
     prompts = _prompts(body.get("inputs"))
     truncate, left = _truncation(body)
     prompt_name = _prompt_name(body)
-    task = body.get("task")
-    if task is not None and not isinstance(task, str):
-        raise TeiError("Validation", '"task" must be a string', status=422)
+    task = _task(body)
     late_chunking = _bool(body, "late_chunking", False)
     if per_token:
         if late_chunking:
@@ -201,6 +207,7 @@ class SimilarityRequest:
     truncate: bool | None
     prompt_name: str | None
     truncate_left: bool = False
+    task: str | None = None
 
 
 def is_similarity(body: dict[str, Any]) -> bool:
@@ -222,7 +229,7 @@ def parse_similarity_request(body: dict[str, Any]) -> SimilarityRequest:
     if not isinstance(parameters, dict):
         raise TeiError("Validation", '"parameters" must be an object', status=422)
     truncate, left = _truncation(parameters)
-    return SimilarityRequest(source, sentences, truncate, _prompt_name(parameters), left)
+    return SimilarityRequest(source, sentences, truncate, _prompt_name(parameters), left, _task(parameters))
 
 
 def render_similarity_response(result: EmbedResult) -> list[float]:

@@ -85,6 +85,12 @@ def test_tei_ollama_and_cohere_routes_take_the_task(served):
     ollama = client.simulate_post("/api/embed", json={"model": "m", "input": TEXTS, "task": "text-matching"})
     assert ollama.status_code == 200, ollama.text
     assert_vectors(served, ollama.json["embeddings"], "text-matching")
+    similarity = client.simulate_post("/similarity", json={
+        "inputs": {"source_sentence": TEXTS[0], "sentences": TEXTS[1:]}, "parameters": {"task": "retrieval.query"}})
+    assert similarity.status_code == 200, similarity.text
+    source = expected(served, "retrieval.query", TEXTS[0], None)
+    for score, text in zip(similarity.json, TEXTS[1:], strict=True):
+        assert abs(score - cosine(source, expected(served, "retrieval.query", text, None))) < 1e-5
     for text in TEXTS:  # Ollama's legacy route: one prompt
         legacy = client.simulate_post("/api/embeddings", json={"model": "m", "prompt": text, "task": "separation"})
         assert legacy.status_code == 200, legacy.text
