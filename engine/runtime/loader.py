@@ -184,10 +184,9 @@ def default_task(tasks: tuple[tuple[str, str], ...], configured: str | None, pro
     """The task adapter a request naming none gets: config.json's `task`, else the default prompt
     (sentence-transformers' default_prompt_name, or --default-prompt-name) when it names a task, else none (the
     adapters off, as Jina's encode(task=None))."""
-    names = [name for name, _ in tasks]
     if configured is not None:
         return configured
-    return prompt if prompt in names else None
+    return prompt if prompt in {name for name, _ in tasks} else None
 
 
 def with_splade(ckpt: Checkpoint, flag: Pooling | None) -> Checkpoint:

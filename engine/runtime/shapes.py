@@ -155,7 +155,8 @@ def prepare(runner: Runner, pad_id: int, max_seq: int, max_tokens: int, max_rows
         if per_row[width] > budget:
             break
     law = MemoryLaw.fit(per_row)
-    fitted_seq = longest_fitting(per_row, max_seq, budget, extrapolate=not fixed_width)
+    fitted_seq = longest_fitting(per_row, max_seq, budget, extrapolate=False) if fixed_width else \
+        law.longest(max_seq, budget)
     if fitted_seq is None:
         raise MemoryError(f"not even one row of {min(per_row)} tokens fits in the memory available")
     row = fixed_width or fitted_seq  # the widest row a pass can hold
