@@ -161,8 +161,9 @@ def query_format(checkpoint: Checkpoint, prefix: str, augmentation_token: str) -
     found = {}
     for name in ("preprocessor_config.json", "processor_config.json"):  # the latter wins
         path = checkpoint.path / name
+        config = read_json_optional(path)
         for key in ("query_prefix", "query_augmentation_token"):
-            value = read_json_optional(path).get(key)
+            value = config.get(key)
             if value is None or value == "":  # transformers' ColQwen2Processor: `query_prefix or "Query: "`
                 continue
             if not isinstance(value, str):
