@@ -1,9 +1,11 @@
 """The compute kernels the families share, in two sets chosen once from the device.
 
 - `cpu-arithmetic` (a CPU): exp, softmax and GELU written out in arithmetic that `mx.compile` fuses (MLX's exp
-  and erf are scalar loops on a Linux CPU: docs/mlx-on-linux.md), LayerNorm as MLX's own op-by-op fallback with
-  its element-wise steps fused (fewer graph nodes, the same bits), and attention computed blockwise above
-  BLOCKWISE_FROM tokens (below it, the dense matmul + softmax + matmul, which is faster there).
+  and erf are scalar loops on a Linux CPU: docs/mlx-on-linux.md), LayerNorm as MLX's own op-by-op fallback, with
+  its element-wise steps fused for a small input (fewer graph nodes, the same bits), and attention computed blockwise above
+  BLOCKWISE_FROM tokens (below it, the dense matmul + softmax + matmul, which is faster there). Both attention
+  paths exponentiate in log2 units with `exp2_shifted`; a fused kernel is only fed contiguous operands (a
+  broadcast operand makes it index every element through strides, about 3x slower here).
 - `fused` (a GPU: Metal or CUDA): MLX's own kernels, mx.fast.scaled_dot_product_attention, mx.fast.rope,
   mx.fast.layer_norm, mx.softmax and the erf GELU. Nothing tuned for the CPU runs there.
 
@@ -123,9 +125,16 @@ def _layer_norm_of(has_weight: bool, has_bias: bool, eps: float) -> Callable[...
     return layer_norm
 
 
+# Above this many elements the fused steps cost more than the nodes they save: their broadcast operands (the row
+# statistics, the affine terms) are indexed element by element through strides, where MLX's own broadcasting
+# kernels stream (13 LayerNorms at 32 x 17 x 384: 38-53 ms fused against 25-32 ms op by op; at 1 x 17 x 384,
+# 0.9-1.5 ms against 1.1-3.0).
+FUSED_LAYER_NORM_UP_TO = 1 << 14
+
+
 def _layer_norm_arithmetic(x: mx.array, weight: mx.array | None, bias: mx.array | None, eps: float) -> mx.array:
-    """mx.fast.layer_norm(x, weight, bias, eps) in fewer graph nodes (the same bits for float32)."""
-    if any(a is not None and a.dtype != mx.float32 for a in (x, weight, bias)):
+    """mx.fast.layer_norm(x, weight, bias, eps), in fewer graph nodes for a small x (the same bits for float32)."""
+    if x.size > FUSED_LAYER_NORM_UP_TO or any(a is not None and a.dtype != mx.float32 for a in (x, weight, bias)):
         return mx.fast.layer_norm(x, weight, bias, eps)
     key = (eps, weight is not None, bias is not None)
     fn = _LAYER_NORMS.get(key)
@@ -140,18 +149,17 @@ _MANTISSA = (3474676.598654147, 8223001.614598265, 2849810.6269584047, 658451.03
              15897.312182120297)
 
 
-def _exp2_bits_of(s: mx.array, shifted_max: mx.array) -> mx.array:
-    """The float32 bits of 2^(s - m) (s - m <= 0, in log2 units), given shifted_max = m + 0.5: one fused kernel.
+def _exp2_bits_of(u: mx.array) -> mx.array:
+    """The float32 bits of 2^(s - m) (s - m <= 0, in log2 units), given u = s - (m + 0.5): one fused kernel.
 
-    With u = s - m - 0.5 and r = round(u) (= floor(s - m) up to ties, where both roundings give the same bits),
+    With r = round(u) (= floor(s - m) up to ties, where both roundings give the same bits),
     2^(s - m) = 2^(r + 1) * 2^(g - 0.5) = 2^r * sqrt(2) * 2^g with g = u - r in [-0.5, 0.5]: exponent field
     r + 127 and mantissa sqrt(2) * 2^g - 1 in [0, 1), the Estrin-form polynomial above. Below 2^-126 the
     exponent field clamps to 0 (a subnormal below 2^-126: nothing a softmax sum can see); a masked -1e30 gives
     about 5e-39. The chain fits the fuser's depth limit of 11 operations only when traced with shapes (a
-    shapeless trace adds a broadcast per operation), hence a shape-specialized compile, fed by tiles of a few
-    shapes.
+    shapeless trace adds a broadcast per operation), hence a shape-specialized compile for large operands (the
+    blockwise tiles, of a few shapes) and the shapeless one below SHAPED_EXP2_FROM elements.
     """
-    u = s - shifted_max
     r = (u + _ROUND) - _ROUND
     g = u - r
     g2 = g * g
@@ -161,11 +169,18 @@ def _exp2_bits_of(s: mx.array, shifted_max: mx.array) -> mx.array:
 
 
 _exp2_bits = mx.compile(_exp2_bits_of)
+# The same chain traced shapeless: split in two kernels (3.4 against 1.8 ns per element here, the same bits), but
+# no trace per new shape (5-8 ms each), which dense passes at their inputs' exact widths would pay.
+_exp2_bits_shapeless = mx.compile(_exp2_bits_of, shapeless=True)
+SHAPED_EXP2_FROM = 1 << 20  # elements: from here a trace costs less than the time the shaped kernel saves
 
 
 def exp2_shifted(s: mx.array, m: mx.array) -> mx.array:
-    """2^(s - m) for s <= m (m broadcasts over s's last axis), in one fused pass (see _exp2_bits_of)."""
-    return mx.view(_exp2_bits(s, m + 0.5), mx.float32)
+    """2^(s - m) for s <= m (m broadcasts over s's last axis): the subtraction, then one fused pass over its
+    contiguous result (see _exp2_bits_of). The same subtraction inside the fused kernel costs it a strided
+    index per element for the broadcast operand: 5.2 against 1.8 ns per element here, for the same bits."""
+    u = s - (m + 0.5)
+    return mx.view(_exp2_bits(u) if u.size >= SHAPED_EXP2_FROM else _exp2_bits_shapeless(u), mx.float32)
 
 
 # -- masks -------------------------------------------------------------------------------------------------
@@ -274,12 +289,15 @@ def _dense_attention(q: mx.array, k: mx.array, v: mx.array, mask: mx.array | Non
     if h != k.shape[1]:
         q, k, v, _ = _grouped(q, k, v)
         mask = None if mask is None else mask[:, :, None]
-    scores = (q * scale) @ k.swapaxes(-1, -2)
+    # scores in log2 units (the scale times log2(e) folded into the queries) for exp2_shifted
+    scores = (q * (scale * _LOG2E)) @ k.swapaxes(-1, -2)
     if bias is not None:
-        scores = scores + bias
+        scores = scores + bias * _LOG2E
     if mask is not None:
         scores = mx.where(mask, scores, -1e30)
-    return _merge_heads(_softmax_arithmetic(scores) @ v, b, h, length, dh)
+    weights = exp2_shifted(scores, scores.max(axis=-1, keepdims=True))
+    weights = weights * (1.0 / weights.sum(axis=-1, keepdims=True))
+    return _merge_heads(weights @ v, b, h, length, dh)
 
 
 # -- blockwise attention (long inputs on a CPU) ------------------------------------------------------------

@@ -28,6 +28,9 @@ TEXTS = [
 LONG_TEXTS = [*TEXTS, "Gravity is a force. " * 20]  # the last one is ~100 tokens
 MIN_COSINE = 0.99999
 BATCH_ATOL = 1e-5
+# plus a few float32 ulps of the value itself: pooled hidden states are not normalized (SmolLM2's reach 25, where
+# rounding over 30 layers differs by 0.9-1.3e-5 between a batch and a lone pass whatever the softmax's exp)
+BATCH_RTOL = 1e-6
 
 
 def tokenizer(append_eos: bool = False):
@@ -155,4 +158,4 @@ def check_batch_invariant(eng, folder: Path, texts: list[str] = TEXTS) -> None:
     together = eng.embed(lists).vectors
     for ids, vec in zip(lists, together, strict=True):
         alone = eng.embed([ids]).vectors[0]
-        np.testing.assert_allclose(vec, alone, atol=BATCH_ATOL, rtol=0)
+        np.testing.assert_allclose(vec, alone, atol=BATCH_ATOL, rtol=BATCH_RTOL)

@@ -48,6 +48,17 @@ def test_exp2_shifted_is_accurate_and_masked_scores_vanish():
     assert float(kernels.exp2_shifted(mx.array([[3.0]]), mx.array([[3.0]])).item()) == 1.0
 
 
+def test_exp2_shifted_gives_the_same_bits_through_either_trace(monkeypatch):
+    """Small operands take the shapeless kernel, large ones the shape-specialized one: the same arithmetic, so
+    a row's weights do not depend on how many other rows share its pass."""
+    scores = mx.random.normal((2, 3, 40, 96), key=mx.random.key(5)) * 20
+    top = scores.max(axis=-1, keepdims=True)
+    monkeypatch.setattr(kernels, "SHAPED_EXP2_FROM", 1 << 40)
+    shapeless = np.array(kernels.exp2_shifted(scores, top))
+    monkeypatch.setattr(kernels, "SHAPED_EXP2_FROM", 1)
+    assert np.array_equal(np.array(kernels.exp2_shifted(scores, top)), shapeless)
+
+
 @pytest.mark.parametrize("causal, window, diagonal, left", [
     (True, None, True, False),  # a causal decoder, right-padded
     (True, None, True, True),  # a generative reranker, left-padded
