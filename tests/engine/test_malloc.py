@@ -110,3 +110,21 @@ def test_a_loaded_model_leaves_no_buffers_in_mlx_cache():
         assert mx.get_cache_memory() == 0
     finally:
         engine.close(wait=True)
+
+
+@pytest.mark.parametrize("where", ["gpu", "heap defaults"])
+def test_mlx_keeps_its_cache_where_the_heap_does_not_stand_in_for_it(monkeypatch, where):
+    """On a GPU MLX's buffers are not the heap's, and with glibc's defaults the heap hands freed blocks back: in
+    both MLX's cache is what spares a pass fresh allocations, so it stays."""
+    if where == "gpu":
+        monkeypatch.setattr(mx, "default_device", lambda: mx.Device(mx.gpu))
+    else:
+        monkeypatch.setattr(malloc, "_libc", None)
+    monkeypatch.setattr(malloc, "description", "as set")
+    previous = mx.set_cache_limit(32 << 20)
+    try:
+        malloc.drop_mlx_buffer_cache()
+        assert mx.set_cache_limit(previous) == 32 << 20
+    finally:
+        mx.set_cache_limit(previous)
+    assert malloc.description == "as set"
