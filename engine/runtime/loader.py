@@ -63,6 +63,7 @@ def load(opts: EngineOptions, lanes: int, blas_threads: int) -> tuple[Runner, Se
     uses; `lanes` and `blas_threads`: the thread plan it runs under."""
     started = time.monotonic()
     blas.set_budget(blas_threads)
+    malloc.drop_mlx_buffer_cache()  # what the load and the passes free goes back to the heap (engine/runtime/malloc.py)
     ckpt = formats.open_checkpoint(hub.resolve(opts.model_path, opts.hf_repo, opts.offline, opts.hf_file),
                                    label=opts.model_path or "")
     ckpt = with_splade(ckpt, opts.pooling)

@@ -1,25 +1,32 @@
 """engine/runtime/malloc.py: a forward pass at a width never seen reuses freed heap memory instead of faulting in fresh pages,
-and an unloaded model's memory goes back to the system."""
+an unloaded model's memory goes back to the system, every thread allocates from one arena, and on a CPU MLX keeps
+no buffer cache beside the heap."""
 from __future__ import annotations
 
+import ctypes
 import os
 import platform
+import re
 import resource
+import threading
 
+import mlx.core as mx
 import numpy as np
 import pytest
 
-from engine import Engine, EngineOptions, default_model
+from engine import Engine, EngineOptions, Pooling, default_model
 from engine.runtime import malloc
 from engine.loading import formats, hub
 from engine.compute.pipeline import EmbeddingPipeline
-from engine.types import Pooling
+from tests.conftest import ce_fixture_dir
+from tests.engine.helpers import start_engine
 
 
 @pytest.mark.skipif(platform.system() != "Linux" or default_model() is None,
                     reason="glibc's malloc settings; the bundled all-MiniLM-L6-v2")
 def test_passes_at_new_widths_do_not_fault_in_fresh_pages():
     assert malloc.description.startswith("glibc malloc keeps freed blocks")
+    malloc.drop_mlx_buffer_cache()  # as every load does: the heap alone serves the passes' buffers
     pipeline = EmbeddingPipeline(formats.load(formats.open_checkpoint(hub.resolve(default_model(), None, False))).model,
                                  Pooling.MEAN)
 
@@ -54,3 +61,70 @@ def test_an_unloaded_model_hands_its_memory_back():
     engine.close(wait=True)
     # measured in a fresh process: 25 MB above the start with the trim, 78 MB (most of the weights) without
     assert _rss() - before < 0.5 * size
+
+
+def _arenas(folder) -> int:
+    """How many arenas glibc's malloc has (the <heap> entries of malloc_info)."""
+    libc = ctypes.CDLL("libc.so.6")
+    libc.fopen.restype = ctypes.c_void_p
+    path = folder / "malloc_info.xml"
+    stream = ctypes.c_void_p(libc.fopen(str(path).encode(), b"w"))
+    libc.malloc_info(0, stream)
+    libc.fclose(stream)
+    return len(re.findall(r"<heap nr=", path.read_text()))
+
+
+@pytest.mark.skipif(platform.system() != "Linux", reason="glibc's malloc settings")
+def test_new_threads_allocate_from_the_arenas_there_are(tmp_path):
+    """glibc's default gives each new thread that allocates an arena of its own (up to 8 a core), each growing to its
+    own high-water mark; with one arena they share its free memory."""
+    assert "one arena" in malloc.description
+    before = _arenas(tmp_path)
+    ready = threading.Barrier(4)
+    held = []
+
+    def allocate() -> None:
+        held.append(np.ones(1 << 18, np.float32))  # 1 MiB: below the mmap threshold, from an arena
+        ready.wait()  # all four alive at once
+
+    workers = [threading.Thread(target=allocate) for _ in range(4)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    assert len(held) == 4
+    assert _arenas(tmp_path) == before
+
+
+@pytest.mark.skipif(platform.system() != "Linux" or mx.default_device() != mx.cpu,
+                    reason="glibc's malloc settings; MLX on the CPU")
+def test_a_loaded_model_leaves_no_buffers_in_mlx_cache():
+    """What a pass frees goes back to the heap, which keeps it for the next pass; MLX's cache would hold it a
+    second time (up to 32 MiB)."""
+    engine = start_engine(ce_fixture_dir(), pooling=Pooling.RANK, max_seq=128)
+    try:
+        assert mx.set_cache_limit(0) == 0
+        assert "MLX buffer cache off" in malloc.description
+        documents = [" ".join(["word"] * n) for n in (5, 40, 90, 17)]
+        engine.rerank("a query", documents)
+        assert mx.get_cache_memory() == 0
+    finally:
+        engine.close(wait=True)
+
+
+@pytest.mark.parametrize("where", ["gpu", "heap defaults"])
+def test_mlx_keeps_its_cache_where_the_heap_does_not_stand_in_for_it(monkeypatch, where):
+    """On a GPU MLX's buffers are not the heap's, and with glibc's defaults the heap hands freed blocks back: in
+    both MLX's cache is what spares a pass fresh allocations, so it stays."""
+    if where == "gpu":
+        monkeypatch.setattr(mx, "default_device", lambda: mx.Device(mx.gpu))
+    else:
+        monkeypatch.setattr(malloc, "_libc", None)
+    monkeypatch.setattr(malloc, "description", "as set")
+    previous = mx.set_cache_limit(32 << 20)
+    try:
+        malloc.drop_mlx_buffer_cache()
+        assert mx.set_cache_limit(previous) == 32 << 20
+    finally:
+        mx.set_cache_limit(previous)
+    assert malloc.description == "as set"
