@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from engine.errors import UnsupportedCheckpoint
-from engine.loading.gguf.quants import TYPES, type_name
+from engine.loading.gguf.quants import TYPES, dequantize_into, type_name
 
 MAGIC = b"GGUF"
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
@@ -104,6 +104,21 @@ class GGUFFile:
             return raw.view(dtype).reshape(info.shape)
         values = dequantize(raw.reshape(-1, block_bytes))
         return values.reshape(info.shape)
+
+
+    def blocks(self, name: str) -> int:
+        """How many blocks a tensor in a block format holds (0 for a plain float tensor or an unread type)."""
+        info = self.tensors[name]
+        if info.ggml_type not in TYPES or TYPES[info.ggml_type][3] is None:
+            return 0
+        return info.n_elements // TYPES[info.ggml_type][1]
+
+    def dequantize_into(self, name: str, out: np.ndarray, start: int, stop: int) -> None:
+        """Blocks start:stop of a block-format tensor dequantized into `out` (float32 [stop - start, block
+        values]): the values array() gives for them."""
+        info = self.tensors[name]
+        block_bytes = TYPES[info.ggml_type][2]
+        dequantize_into(info.ggml_type, self.raw(name).reshape(-1, block_bytes)[start:stop], out)
 
 
 def _nbytes(shape: tuple[int, ...], ggml_type: int) -> int:
