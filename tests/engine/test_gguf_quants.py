@@ -70,3 +70,28 @@ def test_tensors_dequantized_into_mlx_memory_equal_llama_cpp(tmp_path):
         assert arrays[name].dtype == mx.float32, name
         np.testing.assert_array_equal(np.array(arrays[name]), values, err_msg=name)
         np.testing.assert_array_equal(np.array(arrays[name]), np.array(load.tensor(file, name)), err_msg=name)
+
+
+def test_a_file_cut_anywhere_is_refused_by_name(tmp_path):
+    """The header parsed through an mmap object: a file cut inside its metadata, its string arrays, its tensor
+    directory or its data is an UnsupportedCheckpoint naming the file, never another exception."""
+    from engine.errors import UnsupportedCheckpoint
+    from engine.loading.gguf.reader import GGUFFile
+
+    path = tmp_path / "whole.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_token_list(["a", "bb", "\u00e9", "<s>"] * 50)
+    writer.add_tensor("w", np.ones((4, 32), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    data = path.read_bytes()
+    whole = GGUFFile(path)
+    assert whole.metadata["tokenizer.ggml.tokens"][:4] == ["a", "bb", "\u00e9", "<s>"]
+    np.testing.assert_array_equal(whole.array("w"), np.ones((4, 32), np.float32))
+    for cut in (30, 60, len(data) // 3, len(data) - 600, len(data) - 1):
+        part = tmp_path / f"cut{cut}.gguf"
+        part.write_bytes(data[:cut])
+        with pytest.raises(UnsupportedCheckpoint, match="cut"):
+            GGUFFile(part)
