@@ -81,11 +81,13 @@ def tensors(gguf: GGUFFile, names: list[str]) -> dict[str, mx.array]:
                 continue
             array = mx.zeros(gguf.tensors[name].shape, mx.float32)
             mx.eval(array)
-            view = np.array(array, copy=False)  # numpy >= 2 raises rather than copy: the writes reach `array`
-            if not view.flags.writeable:
+            try:  # frombuffer never copies: the writes reach `array`
+                rows = np.frombuffer(memoryview(array), dtype=np.float32).reshape(n_blocks, -1)
+            except (BufferError, TypeError, ValueError):
+                rows = None
+            if rows is None or not rows.flags.writeable:
                 out[name] = tensor(gguf, name)
                 continue
-            rows = view.reshape(n_blocks, -1)
             pending += [pool.submit(gguf.dequantize_into, name, rows[i: i + _CHUNK], i, i + _CHUNK)
                         for i in range(0, n_blocks, _CHUNK)]
             out[name] = array
