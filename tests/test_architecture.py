@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-ENGINE_FORBIDDEN = ("compat", "falcon", "waitress", "pydantic_settings", "orjson")
+ENGINE_FORBIDDEN = ("compat", "falcon", "waitress", "pydantic", "pydantic_settings", "orjson")
 COMPAT_ALLOWED_ENGINE = {"engine", "engine.types", "engine.errors"}
 
 

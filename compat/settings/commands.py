@@ -10,8 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import ConfigDict, Field, field_validator
 
 from compat.settings.declaration import ExplicitSettings, Option, declared_options, option, spelling_index
 from compat.settings.help import render_help
@@ -39,7 +38,7 @@ _MODEL_REFERENCE = {"model_path", "hf_repo", "hf_file"}
 class _ModelOptions(ExplicitSettings):
     """What both commands share: the model, how it is loaded, and its limits."""
 
-    model_config = SettingsConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid")
 
     model: str | None = shared_option(
         "model", help="a folder in Hugging Face layout, a .gguf file, or an org/name repository of the Hugging Face "
@@ -195,12 +194,12 @@ _COMMAND_USAGE = {
 }
 
 
-def command_options(command: type[BaseSettings]) -> list[Option]:
+def command_options(command: type[ExplicitSettings]) -> list[Option]:
     """An offline command's options, in declaration order."""
     return declared_options(command)
 
 
-def command_table(command: type[BaseSettings]) -> list[dict[str, Any]]:
+def command_table(command: type[ExplicitSettings]) -> list[dict[str, Any]]:
     """One row per option of an offline command: flags, default, help, group, shared (a server option reused) and
     server_help (its help is the server's, unchanged)."""
     rows = []
@@ -213,7 +212,7 @@ def command_table(command: type[BaseSettings]) -> list[dict[str, Any]]:
     return rows
 
 
-def command_help(command: type[BaseSettings]) -> str:
+def command_help(command: type[ExplicitSettings]) -> str:
     """An offline command's -h text."""
     return render_help(command_options(command), _COMMAND_GROUPS, _COMMAND_USAGE[command])
 

@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
-from pydantic_settings import BaseSettings
 
 from compat.presets import GLOBAL_SECTIONS, PRESET_ONLY_KEYS, IniSection, PresetError, read_ini
 from compat.settings.declaration import (
     FALSEY,
     TRUTHY,
+    ExplicitSettings,
     HelpRequested,
     Option,
     SettingsError,
@@ -312,7 +312,7 @@ def parse_settings(
     return settings
 
 
-def validated(values: dict[str, Any], where: str = "", declaring: type[BaseSettings] = Settings,
+def validated(values: dict[str, Any], where: str = "", declaring: type[ExplicitSettings] = Settings,
               by_field: Mapping[str, Option] = SERVER_OPTIONS_BY_FIELD) -> Any:
     """`declaring` (the server's Settings, or an offline command) made from resolved values; a value pydantic
     refuses is a SettingsError naming its flags, `where` prefixing the message (a model's section)."""

@@ -8,8 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import PrivateAttr, ValidationInfo, field_validator
-from pydantic_settings import SettingsConfigDict
+from pydantic import ConfigDict, PrivateAttr, ValidationInfo, field_validator
 
 from compat.settings.declaration import BYTES, STOUL32, ExplicitSettings, Option, declared_options, option
 from engine.types import DEFAULT_MODEL_NAME, EngineOptions, Pooling
@@ -26,7 +25,7 @@ _IMAGE_TOKENS_HELP = ("{} tokens one image becomes in dynamic-resolution vision 
 class Settings(ExplicitSettings):
     """The resolved configuration. Field order is the order environment variables are applied in."""
 
-    model_config = SettingsConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid")
 
     config: str | None = option(
         None, flags=["--config"], env="LLAMA_ARG_CONFIG", metavar="FILE", group="server",

@@ -6,11 +6,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from typing import Any
-
-from jinja2 import Template, TemplateError
-from jinja2.ext import loopcontrols
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from typing import TYPE_CHECKING, Any
 
 from engine.checkpoint import Checkpoint, special_token_text
 from engine.errors import InvalidInput, UnsupportedCheckpoint
@@ -19,6 +15,9 @@ from engine.errors import InvalidInput, UnsupportedCheckpoint
 _STRUCTURED_HINTS = ("content[0]", ".type", "'type'", '"type"', "item.type", "message.content[")
 # processing_kwargs["chat_template"] entries that size the tokenization instead of reaching the template.
 _NOT_RENDER_KWARGS = {"restore_suffix", "padding", "truncation", "max_length", "return_tensors"}
+if TYPE_CHECKING:  # jinja2 is imported where a template is compiled: a server without one never loads it
+    from jinja2 import Template
+
 _SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 
 
@@ -36,6 +35,8 @@ def chat_template(checkpoint: Checkpoint) -> str | None:
 
 
 def _raise_exception(message: str) -> None:
+    from jinja2 import TemplateError
+
     raise TemplateError(message)
 
 
@@ -47,6 +48,10 @@ def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, s
 def compile_template(checkpoint: Checkpoint, source: str) -> Template:
     """A chat template in transformers' rendering environment: trim_blocks, lstrip_blocks, loop controls,
     its tojson, raise_exception and strftime_now."""
+    from jinja2 import TemplateError
+    from jinja2.ext import loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
     env.filters["tojson"] = _tojson
     env.globals.update(raise_exception=_raise_exception, strftime_now=lambda fmt: datetime.now().strftime(fmt))
@@ -88,6 +93,8 @@ class ChatInputs:
 
     def render(self, text: str, system: str | None = None) -> str:
         """The chat text of one input: [system prompt,] user text."""
+        from jinja2 import TemplateError
+
         messages = ([self._message("system", system)] if system else []) + [self._message("user", text)]
         try:
             return self._template.render(messages=messages, **self._variables)

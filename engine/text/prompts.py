@@ -6,9 +6,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from jinja2 import TemplateError
-from jinja2.sandbox import ImmutableSandboxedEnvironment
-
 from engine.checkpoint import Checkpoint
 from engine.errors import InvalidInput, UnsupportedCheckpoint
 from engine.resources import data_folder
@@ -42,6 +39,9 @@ class RerankPrompt:
         path = own if own.is_file() else templates_dir() / fallback
         if not path.is_file():
             raise UnsupportedCheckpoint(f"{checkpoint.path}: no reranker template (looked for {own} and {path})")
+        from jinja2 import TemplateError  # only a reranker with a template loads jinja2
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
         env = ImmutableSandboxedEnvironment(keep_trailing_newline=True, autoescape=False)
         try:
             self._template = env.from_string(path.read_text(encoding="utf-8"))

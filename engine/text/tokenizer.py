@@ -33,9 +33,7 @@ class TextTokenizer:
 
     def __init__(self, checkpoint: Checkpoint, tokenizer: Tokenizer | None = None):
         self._parsing = tokenizer or _load(checkpoint)
-        # A second instance treats special-token text literally (llama's parse_special=false).
-        self._literal = Tokenizer.from_str(self._parsing.to_str())
-        self._literal.encode_special_tokens = True
+        self._literal_copy: Tokenizer | None = None
         self._truncating: dict[int, Tokenizer] = {}
         self._lock = threading.Lock()
         # read from the objects, not from a second serialization (a 49k-token BPE: 0.2 s to write, 0.2 s to parse)
@@ -49,6 +47,19 @@ class TextTokenizer:
         self.pad_id = self._token_id(cfg.get("pad_token"), checkpoint.config.get("pad_token_id"))
         self.bos_token = special_token_text(cfg.get("cls_token") or cfg.get("bos_token")) or ""
         self.eos_token = special_token_text(cfg.get("sep_token") or cfg.get("eos_token")) or ""
+
+    @property
+    def _literal(self) -> Tokenizer:
+        """A second instance that treats special-token text literally (llama's parse_special=false), built on
+        first use: only /tokenize's parse_special=false and a yes/no reranker's answer tokens need it, and the
+        copy costs a 49k-token BPE 0.27 s of startup (a serialization written and parsed)."""
+        if self._literal_copy is None:
+            with self._lock:
+                if self._literal_copy is None:
+                    literal = Tokenizer.from_str(self._parsing.to_str())
+                    literal.encode_special_tokens = True
+                    self._literal_copy = literal
+        return self._literal_copy
 
     def encode(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
         tok = self._parsing if parse_special else self._literal

@@ -38,3 +38,60 @@ def test_dequantization_equals_llama_cpp(qtype):
 def test_unsupported_types_have_names():
     assert quants.type_name(int(T.IQ2_XXS)) == "IQ2_XXS"
     assert quants.type_name(int(T.Q2_K)) == "Q2_K"
+
+
+def test_tensors_dequantized_into_mlx_memory_equal_llama_cpp(tmp_path):
+    """load.tensors (block formats written straight into the MLX arrays' memory, in chunks on a thread pool) gives
+    what gguf's reference dequantizer gives, for every block format and across chunk boundaries."""
+    import mlx.core as mx
+
+    from engine.loading.gguf import load
+    from engine.loading.gguf.reader import GGUFFile
+
+    writer = gguf.GGUFWriter(str(tmp_path / "types.gguf"), "llama")
+    expected = {}
+    for qtype in _F16_FIELDS:
+        block_values, _ = gguf.GGML_QUANT_SIZES[qtype]
+        n_blocks = load._CHUNK + 40 if qtype in (T.Q4_1, T.Q8_0) else 96  # rows of 256 values
+        blocks = _random_blocks(qtype, n_blocks, seed=100 + int(qtype))
+        rows = n_blocks * block_values // 256
+        writer.add_tensor(qtype.name, blocks.reshape(rows, -1), raw_dtype=qtype)
+        expected[qtype.name] = gguf.quants.dequantize(blocks.reshape(1, -1), qtype).reshape(rows, 256)
+    plain = np.arange(12, dtype=np.float32).reshape(3, 4)
+    writer.add_tensor("F32", plain)
+    expected["F32"] = plain
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    file = GGUFFile(tmp_path / "types.gguf")
+    arrays = load.tensors(file, list(expected))
+    for name, values in expected.items():
+        assert arrays[name].dtype == mx.float32, name
+        np.testing.assert_array_equal(np.array(arrays[name]), values, err_msg=name)
+        np.testing.assert_array_equal(np.array(arrays[name]), np.array(load.tensor(file, name)), err_msg=name)
+
+
+def test_a_file_cut_anywhere_is_refused_by_name(tmp_path):
+    """The header parsed through an mmap object: a file cut inside its metadata, its string arrays, its tensor
+    directory or its data is an UnsupportedCheckpoint naming the file, never another exception."""
+    from engine.errors import UnsupportedCheckpoint
+    from engine.loading.gguf.reader import GGUFFile
+
+    path = tmp_path / "whole.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_token_list(["a", "bb", "\u00e9", "<s>"] * 50)
+    writer.add_tensor("w", np.ones((4, 32), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    data = path.read_bytes()
+    whole = GGUFFile(path)
+    assert whole.metadata["tokenizer.ggml.tokens"][:4] == ["a", "bb", "\u00e9", "<s>"]
+    np.testing.assert_array_equal(whole.array("w"), np.ones((4, 32), np.float32))
+    for cut in (30, 60, len(data) // 3, len(data) - 600, len(data) - 1):
+        part = tmp_path / f"cut{cut}.gguf"
+        part.write_bytes(data[:cut])
+        with pytest.raises(UnsupportedCheckpoint, match="cut"):
+            GGUFFile(part)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -58,6 +60,42 @@ def tensor(gguf: GGUFFile, name: str) -> mx.array:
     return mx.array(values)
 
 
+_CHUNK = 8192  # blocks per dequantizing task: its temporaries stay in the cache
+
+
+def tensors(gguf: GGUFFile, names: list[str]) -> dict[str, mx.array]:
+    """The named tensors as MLX float arrays, as tensor() gives them. A block-format tensor is dequantized
+    straight into the memory of the MLX array that keeps it (no copy after), by a pool of threads (numpy
+    releases the GIL) while this thread allocates the next array: SmolLM2-135M Q4_1 took 1.5 s of a 3.4 s
+    startup through tensor() (benchmarks/README.md, "Startup, stage by stage")."""
+    out: dict[str, mx.array] = {}
+    if mx.default_device() != mx.cpu:  # the numpy view of an array's memory is a CPU's
+        return {name: tensor(gguf, name) for name in names}
+    workers = max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1))
+    with ThreadPoolExecutor(workers, thread_name_prefix="gguf-dequantize") as pool:
+        pending = []
+        for name in names:
+            n_blocks = gguf.blocks(name)
+            if not n_blocks:
+                out[name] = tensor(gguf, name)
+                continue
+            array = mx.zeros(gguf.tensors[name].shape, mx.float32)
+            mx.eval(array)
+            try:  # frombuffer never copies: the writes reach `array`
+                rows = np.frombuffer(memoryview(array), dtype=np.float32).reshape(n_blocks, -1)
+            except (BufferError, TypeError, ValueError):
+                rows = None
+            if rows is None or not rows.flags.writeable:
+                out[name] = tensor(gguf, name)
+                continue
+            pending += [pool.submit(gguf.dequantize_into, name, rows[i: i + _CHUNK], i, i + _CHUNK)
+                        for i in range(0, n_blocks, _CHUNK)]
+            out[name] = array
+        for task in pending:
+            task.result()
+    return out
+
+
 def build(checkpoint: Checkpoint, gguf: GGUFFile, dtype: str = "auto") -> tuple[nn.Module, Trunk, str, Projection | None]:
     """(model, trunk, family name, Dense projection or None) for the file `gguf` read as `checkpoint`; the model
     is the trunk itself, or the rank head around it. dtype: the compute dtype (--dtype; auto: float32 on a CPU),
@@ -68,20 +106,22 @@ def build(checkpoint: Checkpoint, gguf: GGUFFile, dtype: str = "auto") -> tuple[
     trunk_weights, head_weights = {}, {}
     adapted = lora.deltas(gguf, checkpoint.lora) if checkpoint.lora else {}
     dense_keys = dict(getattr(mapping, "DENSE", ()))
-    dense_weights = {dense_keys[name]: tensor(gguf, name) for name in gguf.tensors if name in dense_keys}
+    arrays = tensors(gguf, [name for name in gguf.tensors if name in dense_keys or mapping.key(name) is not None
+                            or RankHead.key(name) is not None])
+    dense_weights = {dense_keys[name]: arrays.pop(name) for name in gguf.tensors if name in dense_keys}
     for name in gguf.tensors:
         if name in dense_keys:
             continue
         hf_key = mapping.key(name)
         if hf_key is not None:
-            weight = tensor(gguf, name)
+            weight = arrays.pop(name)
             if name in adapted:  # --lora: llama.cpp's adapters, merged
                 weight = weight.astype(mx.float32) + mx.array(adapted.pop(name))
             if hasattr(mapping, "transform"):
                 weight = mapping.transform(name, weight, checkpoint.config)
             trunk_weights[hf_key] = weight
         elif (head_key := RankHead.key(name)) is not None:
-            head_weights[head_key] = tensor(gguf, name)
+            head_weights[head_key] = arrays.pop(name)
         else:
             raise UnsupportedCheckpoint(f"{checkpoint.path}: tensor {name!r} has no place in the "
                                         f"{mapping.FAMILY} family (GGUF architecture {gguf.architecture!r})")

@@ -27,36 +27,45 @@ def _high_bits(qh: np.ndarray) -> np.ndarray:
     return (((bits >> np.arange(32, dtype=np.uint32)) & 1) << 4).astype(np.uint8)
 
 
-# The three formats of most GGUF files are written into one float32 output in place (the nibbles cast into its
+# The three formats of most GGUF files are written into a float32 output in place (the nibbles cast into its
 # halves, then scaled): the same arithmetic as llama.cpp's, bit for bit, in a quarter of the time of building each
-# step as a new array (SmolLM2-135M Q4_1: 3.1 s of a loaded machine's startup before).
+# step as a new array (SmolLM2-135M Q4_1: 3.1 s of a loaded machine's startup before). The output may be the
+# memory of the MLX array that will hold the weight (engine/loading/gguf/load.py), so nothing is copied after.
 
-def _nibbles_into(qs: np.ndarray) -> np.ndarray:
-    """[n, 16] packed bytes -> float32 [n, 32] of their nibbles (low ones first), as _nibbles."""
-    out = np.empty((len(qs), 32), np.float32)
+def _nibbles_into(qs: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """[n, 16] packed bytes -> float32 out [n, 32] of their nibbles (low ones first), as _nibbles."""
     np.bitwise_and(qs, 0x0F, out=out[:, :16])
     np.right_shift(qs, 4, out=out[:, 16:])
     return out
 
 
-def q8_0(blocks: np.ndarray) -> np.ndarray:
-    out = blocks[:, 2:].view(np.int8).astype(np.float32)
+def q8_0_into(blocks: np.ndarray, out: np.ndarray) -> None:
+    np.copyto(out, blocks[:, 2:].view(np.int8), casting="unsafe")
     out *= _f16(blocks[:, :2])
-    return out
 
 
-def q4_0(blocks: np.ndarray) -> np.ndarray:
-    out = _nibbles_into(blocks[:, 2:])
+def q4_0_into(blocks: np.ndarray, out: np.ndarray) -> None:
+    _nibbles_into(blocks[:, 2:], out)
     out -= 8.0
     out *= _f16(blocks[:, :2])
-    return out
 
 
-def q4_1(blocks: np.ndarray) -> np.ndarray:
-    out = _nibbles_into(blocks[:, 4:])
+def q4_1_into(blocks: np.ndarray, out: np.ndarray) -> None:
+    _nibbles_into(blocks[:, 4:], out)
     out *= _f16(blocks[:, :2])
     out += _f16(blocks[:, 2:4])
-    return out
+
+
+def _allocating(into: Callable[[np.ndarray, np.ndarray], None]) -> Callable[[np.ndarray], np.ndarray]:
+    def dequantize(blocks: np.ndarray) -> np.ndarray:
+        out = np.empty((len(blocks), 32), np.float32)
+        into(blocks, out)
+        return out
+    dequantize.__name__ = into.__name__.removesuffix("_into")
+    return dequantize
+
+
+q8_0, q4_0, q4_1 = _allocating(q8_0_into), _allocating(q4_0_into), _allocating(q4_1_into)
 
 
 def q5_0(blocks: np.ndarray) -> np.ndarray:
@@ -141,3 +150,16 @@ def type_name(ggml_type: int) -> str:
     if ggml_type in TYPES:
         return TYPES[ggml_type][0]
     return OTHER_TYPE_NAMES.get(ggml_type, f"type {ggml_type}")
+
+
+_INTO = {8: q8_0_into, 2: q4_0_into, 3: q4_1_into}
+
+
+def dequantize_into(ggml_type: int, blocks: np.ndarray, out: np.ndarray) -> None:
+    """Blocks of a block format [n, block_bytes] dequantized into float32 out [n, block_values]: in place for
+    Q4_0, Q4_1 and Q8_0, through the format's array for the others."""
+    into = _INTO.get(ggml_type)
+    if into is not None:
+        into(blocks, out)
+    else:
+        out[...] = TYPES[ggml_type][3](blocks)

@@ -5,6 +5,7 @@ MLX's own GGUF loader is not used: it fails on a whole file when one tensor has 
 """
 from __future__ import annotations
 
+import mmap
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from engine.errors import UnsupportedCheckpoint
-from engine.loading.gguf.quants import TYPES, type_name
+from engine.loading.gguf.quants import TYPES, dequantize_into, type_name
 
 MAGIC = b"GGUF"
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
@@ -45,7 +46,12 @@ class GGUFFile:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self._data = np.memmap(self.path, dtype=np.uint8, mode="r")
-        buf = memoryview(self._data)
+        with self.path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            self._read_header(buf)
+
+    def _read_header(self, buf: mmap.mmap) -> None:
+        """Metadata and tensor directory. Parsed from an mmap object: its slices are bytes, made ten times
+        faster than a memoryview's (a 49k-token vocabulary and its merges: 0.26 s through memoryview slices)."""
         if bytes(buf[:4]) != MAGIC:
             raise UnsupportedCheckpoint(f"{self.path}: not a GGUF file (no GGUF magic)")
         self.version, n_tensors, n_kv = struct.unpack_from("<IQQ", buf, 4)
@@ -106,6 +112,21 @@ class GGUFFile:
         return values.reshape(info.shape)
 
 
+    def blocks(self, name: str) -> int:
+        """How many blocks a tensor in a block format holds (0 for a plain float tensor or an unread type)."""
+        info = self.tensors[name]
+        if info.ggml_type not in TYPES or TYPES[info.ggml_type][3] is None:
+            return 0
+        return info.n_elements // TYPES[info.ggml_type][1]
+
+    def dequantize_into(self, name: str, out: np.ndarray, start: int, stop: int) -> None:
+        """Blocks start:stop of a block-format tensor dequantized into `out` (float32 [stop - start, block
+        values]): the values array() gives for them."""
+        info = self.tensors[name]
+        block_bytes = TYPES[info.ggml_type][2]
+        dequantize_into(info.ggml_type, self.raw(name).reshape(-1, block_bytes)[start:stop], out)
+
+
 def _nbytes(shape: tuple[int, ...], ggml_type: int) -> int:
     if ggml_type not in TYPES:
         return 0
@@ -114,13 +135,13 @@ def _nbytes(shape: tuple[int, ...], ggml_type: int) -> int:
     return n // block_values * block_bytes
 
 
-def _string(buf: memoryview, pos: int) -> tuple[str, int]:
+def _string(buf: mmap.mmap, pos: int) -> tuple[str, int]:
     (length,) = struct.unpack_from("<Q", buf, pos)
     pos += 8
     return bytes(buf[pos: pos + length]).decode("utf-8"), pos + length
 
 
-def _value(buf: memoryview, pos: int, kind: int) -> tuple[Any, int]:
+def _value(buf: mmap.mmap, pos: int, kind: int) -> tuple[Any, int]:
     if kind == _STRING:
         return _string(buf, pos)
     if kind == _ARRAY:
@@ -143,7 +164,7 @@ def _value(buf: memoryview, pos: int, kind: int) -> tuple[Any, int]:
     raise ValueError(f"unknown metadata value type {kind}")
 
 
-def _strings(buf: memoryview, pos: int, count: int) -> tuple[list[str], int]:
+def _strings(buf: mmap.mmap, pos: int, count: int) -> tuple[list[str], int]:
     """A string array (vocabularies of 250k entries): the loop only slices; one decode for all of them.
 
     0xFF never occurs in UTF-8, so it separates the pieces; a piece that is not UTF-8 keeps its bytes as
