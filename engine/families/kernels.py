@@ -2,8 +2,8 @@
 
 - `cpu-arithmetic` (a CPU): exp, softmax and GELU written out in arithmetic that `mx.compile` fuses (MLX's exp
   and erf are scalar loops on a Linux CPU: docs/mlx-on-linux.md), LayerNorm as MLX's own op-by-op fallback, with
-  its element-wise steps fused for a small input (fewer graph nodes, the same bits), and attention computed blockwise above
-  BLOCKWISE_FROM tokens (below it, the dense matmul + softmax + matmul, which is faster there). Both attention
+  its element-wise steps fused for a small input (fewer graph nodes, the same bits), and attention computed
+  blockwise above BLOCKWISE_FROM tokens (below it, the dense matmul + softmax + matmul, faster there). Both attention
   paths exponentiate in log2 units with `exp2_shifted`; a fused kernel is only fed contiguous operands (a
   broadcast operand makes it index every element through strides, about 3x slower here).
 - `fused` (a GPU: Metal or CUDA): MLX's own kernels, mx.fast.scaled_dot_product_attention, mx.fast.rope,

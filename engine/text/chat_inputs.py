@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING, Any
 from engine.checkpoint import Checkpoint, special_token_text
 from engine.errors import InvalidInput, UnsupportedCheckpoint
 
+if TYPE_CHECKING:  # jinja2 is imported where a template is compiled: a server without one never loads it
+    from jinja2 import Template
+
 # What sentence-transformers looks for in a template to decide that message content is a list of typed parts.
 _STRUCTURED_HINTS = ("content[0]", ".type", "'type'", '"type"', "item.type", "message.content[")
 # processing_kwargs["chat_template"] entries that size the tokenization instead of reaching the template.
 _NOT_RENDER_KWARGS = {"restore_suffix", "padding", "truncation", "max_length", "return_tensors"}
-if TYPE_CHECKING:  # jinja2 is imported where a template is compiled: a server without one never loads it
-    from jinja2 import Template
-
 _SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 
 

@@ -111,7 +111,6 @@ class GGUFFile:
         values = dequantize(raw.reshape(-1, block_bytes))
         return values.reshape(info.shape)
 
-
     def blocks(self, name: str) -> int:
         """How many blocks a tensor in a block format holds (0 for a plain float tensor or an unread type)."""
         info = self.tensors[name]
