@@ -41,7 +41,7 @@ def test_both_request_spellings_give_colpali_engines_token_vectors(server, colpa
     oai_rows = [np.array(item["embedding"]) for item in oai.json()["data"]]
     for ours, same, theirs in zip(llama_rows, oai_rows, expected, strict=True):
         assert_rows_match(ours, theirs)  # one unit vector per real token, the page's image tokens included
-        np.testing.assert_array_equal(ours, same)
+        np.testing.assert_allclose(ours, same, rtol=0, atol=1e-6)  # the two requests may be batched differently
     assert oai.json()["usage"]["prompt_tokens"] == sum(len(rows) for rows in expected)
 
 

@@ -61,7 +61,8 @@ def test_corrupt_or_vanished_weights_fail_that_model_only(server):
         status = _status(server, model)
         assert status["value"] == "failed" and status["failed"] is True and reason.lower() in status["error"].lower()
     after = np.asarray([d["embedding"] for d in _embed(server, "healthy").json()["data"]])
-    np.testing.assert_array_equal(after, before)  # the other model never noticed
+    # the other model never noticed (to batch invariance: the two inputs may share a pass or not)
+    np.testing.assert_allclose(after, before, rtol=0, atol=1e-6)
     assert _status(server, "healthy")["value"] == "loaded"
     assert server.get("/health").status_code == 200
     # mended files: the next request retries the load and succeeds
