@@ -140,7 +140,8 @@ class TextEmbeddings(nn.Module):
         self.position_embedding = nn.Embedding(args.max_position_embeddings, args.hidden_size)
 
     def __call__(self, input_ids: mx.array) -> mx.array:
-        return self.token_embedding(input_ids) + self.position_embedding.weight[: input_ids.shape[1]]
+        # through the module, not its .weight: a quantized table (engine/loading/weights.py) is codes there
+        return self.token_embedding(input_ids) + self.position_embedding(mx.arange(input_ids.shape[1]))
 
 
 class TextTransformer(nn.Module):
@@ -167,7 +168,7 @@ class VisionEmbeddings(nn.Module):
         """pixels [B, C, H, W] (the processor's layout) -> patch embeddings [B, n_patches, D], row-major."""
         patches = self.patch_embedding(pixels.transpose(0, 2, 3, 1))  # MLX convolves channels-last
         b, gh, gw, d = patches.shape
-        return patches.reshape(b, gh * gw, d) + self.position_embedding.weight
+        return patches.reshape(b, gh * gw, d) + self.position_embedding(mx.arange(gh * gw))
 
 
 class PoolingAttention(nn.Module):

@@ -6,7 +6,8 @@ config.json (optionally per layer) and store each quantized layer as a packed `w
 once at load, from the device (`keeps_bits`): on a GPU they become MLX's quantized layers (its quantized
 kernels are fast there); on a CPU, where MLX has no fast quantized matmul (4-bit MiniLM served at 0.038x its
 float folder's throughput, docs/limits-and-batching.md), they are dequantized to the compute dtype into plain
-nn.Linear / nn.Embedding weights, unless --keep-quantized trades that speed for their smaller memory.
+nn.Linear weights, unless --keep-quantized trades that speed for their smaller memory; embedding tables keep
+their bits either way (KEPT_LOOKUPS).
 """
 from __future__ import annotations
 
@@ -66,13 +67,33 @@ def keeps_bits(keep_quantized: bool) -> bool:
 QUANTIZED_KERNELS = "quantized kernels"
 
 
-def placement(quantized: bool, kept: bool, dtype: mx.Dtype) -> str:
+def placement(quantized: bool, kept: bool, dtype: mx.Dtype, module: nn.Module | None = None) -> str:
     """What /props and the startup log say the weights are: 'quantized kernels', 'dequantized to float32 at
-    load', or just the compute dtype for a float checkpoint."""
+    load' (', embeddings kept quantized' when `module`'s lookup tables kept their bits), or just the compute
+    dtype for a float checkpoint."""
     name = dtype_name(dtype)
     if not quantized:
         return name
-    return QUANTIZED_KERNELS if kept else f"dequantized to {name} at load"
+    if kept:
+        return QUANTIZED_KERNELS
+    lookups = module is not None and any(isinstance(layer, nn.QuantizedEmbedding) for _, layer in module.named_modules())
+    return f"dequantized to {name} at load" + (KEPT_LOOKUPS if lookups else "")
+
+
+# An embedding table is only looked up (the rows a pass reads, gathered), never multiplied, so it needs no fast
+# quantized matmul: on a CPU too a vocabulary's table stays an nn.QuantizedEmbedding, whose lookup dequantizes
+# just those rows (the values mx.dequantize of the whole table gives) from a fraction of the memory. That lookup
+# is three gathers and a dequantize, ~0.9 ms for 32 x 17 rows of 384 on this CPU against ~0.1 ms from a float
+# table, so small tables (positions, token types) are dequantized with the matmuls' weights.
+KEPT_LOOKUPS = ", embeddings kept quantized"
+KEPT_LOOKUP_FROM = 1 << 20  # values in a table that keeps its bits on a CPU (all-MiniLM's vocabulary: 11.7M)
+
+
+def keeps_lookup_bits(layer: nn.Module) -> bool:
+    """Whether an embedding layer, before its weights are loaded, keeps a quantized table where the matmuls'
+    weights are dequantized: a plain nn.Embedding (a family's own subclass may read its .weight) of at least
+    KEPT_LOOKUP_FROM values."""
+    return type(layer) is nn.Embedding and layer.weight.size >= KEPT_LOOKUP_FROM
 
 
 def dtype_name(dtype: mx.Dtype) -> str:
@@ -122,11 +143,11 @@ def materialize(module: nn.Module, weights: dict[str, mx.array], quant: Quantiza
         if missing:
             raise UnsupportedCheckpoint(f"{what}: quantized tensors for layers that cannot be quantized: "
                                         f"{', '.join(missing[:5])}")
-        if keep_bits:
-            nn.quantize(module, class_predicate=lambda path, layer: (
-                path in quantizable and (quant.params_for(path) or False)))
-        else:
-            weights = dequantized(weights, quant, quantizable)
+        # without keep_bits only the lookup tables (plain nn.Embedding layers, KEPT_LOOKUPS) keep their bits
+        layers = dict(module.named_modules())
+        kept = quantizable if keep_bits else {path for path in quantizable if keeps_lookup_bits(layers[path])}
+        nn.quantize(module, class_predicate=lambda path, layer: path in kept and (quant.params_for(path) or False))
+        weights = dequantized(weights, quant, quantizable - kept)
     cast = {k: (v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) else v) for k, v in weights.items()}
     try:
         module.load_weights(list(cast.items()), strict=True)

@@ -129,8 +129,9 @@ def test_vectors_equal_llama_server(name, floor):
     else:
         eng = start_engine(gguf_fixture(f"{name}.gguf"), keep_quantized=True)  # block formats: no effect
     try:
-        if ".Q" in name or "_q" in name:  # a block format: always dequantized, resident larger than the file
-            assert eng.info.weights.startswith("dequantized to ") and eng.info.weights.endswith(" at load")
+        if ".Q" in name or "_q" in name:  # a block format: dequantized, resident larger than the file, but the
+            # Q8_0 token table these files hold, which stays quantized (looked up, never multiplied)
+            assert eng.info.weights == "dequantized to float32 at load, embeddings kept quantized"
             assert eng.info.resident_bytes > eng.info.size_bytes
         ids = [eng.encode_prompt([s]) for s in answers["sentences"]]
         ours = eng.embed(ids).vectors
@@ -180,3 +181,31 @@ def test_a_split_file_is_refused_by_name(tmp_path: Path):
     writer.close()
     with pytest.raises(UnsupportedCheckpoint, match="split into 2 files is not supported"):
         start_engine(part)
+
+
+def test_a_quantized_token_table_is_looked_up_as_stored(monkeypatch):
+    """minilm-q4_0's Q8_0 token table stays MLX-quantized: its rows are the file's values dequantized, bit for
+    bit, the model computes the same vectors as with the table dequantized at load, and it holds a third of the
+    memory."""
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    from engine.loading import formats
+    from engine.loading.gguf import load
+
+    path = gguf_fixture("minilm-q4_0.gguf")
+    kept = formats.load(formats.open_checkpoint(path))
+    table = kept.model.embeddings.word_embeddings
+    assert isinstance(table, nn.QuantizedEmbedding) and (table.bits, table.group_size) == (8, 32)
+    file = formats.open_checkpoint(path).format.file
+    ids = mx.array([0, 1, 101, 2023, 30521])
+    np.testing.assert_array_equal(np.array(table(ids)), file.array("token_embd.weight")[np.array(ids)])
+    monkeypatch.setattr(load, "LOOKUP_TABLES", ())
+    dequantized = formats.load(formats.open_checkpoint(path))
+    assert type(dequantized.model.embeddings.word_embeddings) is nn.Embedding
+    assert dequantized.weights == "dequantized to float32 at load"
+    float_table = dequantized.model.embeddings.word_embeddings.weight.nbytes
+    quantized_table = sum(v.nbytes for v in table.parameters().values())
+    assert dequantized.resident_bytes - kept.resident_bytes == float_table - quantized_table > 2 * quantized_table
+    batch = (mx.array([[101, 2023, 2003, 1037, 3231, 102]]), mx.ones((1, 6), mx.int32), mx.zeros((1, 6), mx.int32))
+    np.testing.assert_array_equal(np.array(kept.model(*batch)), np.array(dequantized.model(*batch)))

@@ -35,6 +35,24 @@ def test_dequantization_equals_llama_cpp(qtype):
     np.testing.assert_array_equal(ours, reference)
 
 
+@pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_1, T.Q8_0], ids=lambda t: t.name)
+def test_affine_tables_repacked_for_mlx_dequantize_to_llama_cpp_values(qtype):
+    """A kept token table (engine/loading/gguf/load.py LOOKUP_TABLES): MLX's dequantize of the repacked blocks
+    gives gguf's reference values bit for bit, every code and sign of the scales included."""
+    import mlx.core as mx
+
+    rows, cols = 6, 96
+    blocks = _random_blocks(qtype, rows * cols // 32, seed=200 + int(qtype))
+    packed, scales, biases = quants.to_mlx_affine(int(qtype), blocks, rows)
+    bits = quants.AFFINE_BITS[int(qtype)]
+    assert packed.dtype == np.uint32 and packed.shape == (rows, cols * bits // 32)
+    assert scales.shape == biases.shape == (rows, cols // 32)
+    ours = mx.dequantize(mx.array(packed), mx.array(scales), mx.array(biases), group_size=quants.AFFINE_GROUP,
+                         bits=bits)
+    reference = gguf.quants.dequantize(blocks.reshape(1, -1), qtype).reshape(rows, cols)
+    np.testing.assert_array_equal(np.array(ours), reference)
+
+
 def test_unsupported_types_have_names():
     assert quants.type_name(int(T.IQ2_XXS)) == "IQ2_XXS"
     assert quants.type_name(int(T.Q2_K)) == "Q2_K"

@@ -72,8 +72,9 @@ class GGUFFormat:
     def load(self, checkpoint: Checkpoint, kind: str, dtype: str = "auto",
              keep_quantized: bool = False) -> registry.LoadedModel:
         """The same families, weights named by the file's map; identity counted as llama.cpp does. Block
-        formats are always dequantized at load (MLX has no kernels for GGML's blocks): keep_quantized does
-        not apply."""
+        formats are dequantized at load (MLX has no kernels for GGML's blocks), but a Q4_0 / Q4_1 / Q8_0 token
+        table, which MLX's quantized embedding reads as it is (load.LOOKUP_TABLES): keep_quantized does not
+        apply."""
         if checkpoint.splade is not None:
             raise UnsupportedCheckpoint(f"{checkpoint.display_path}: SPLADE pooling is not supported for a GGUF file "
                                         f"(its masked-LM head is not in llama.cpp's format); serve the "
@@ -88,7 +89,7 @@ class GGUFFormat:
                                        scores_are_probabilities=isinstance(model, RankHead)
                                        and model.scores_are_probabilities,
                                        weights=weights.placement(load.is_quantized(self.file), False,
-                                                                 weights.module_dtype(model)),
+                                                                 weights.module_dtype(model), model),
                                        resident_bytes=resident)
 
 

@@ -15,10 +15,10 @@ from mlx.utils import tree_flatten
 from engine.checkpoint import Checkpoint
 from engine.errors import UnsupportedCheckpoint
 from engine.families.base import Trunk
-from engine.loading.gguf import lora
+from engine.loading.gguf import lora, quants
 from engine.loading.gguf.arch import for_architecture
 from engine.loading.heads import Projection
-from engine.loading.weights import compute_dtype, materialize
+from engine.loading.weights import Quantization, compute_dtype, keeps_lookup_bits, materialize
 from engine.loading.gguf.head import RankHead
 from engine.loading.gguf.reader import GGUFFile
 from engine.types import Pooling
@@ -106,15 +106,17 @@ def build(checkpoint: Checkpoint, gguf: GGUFFile, dtype: str = "auto") -> tuple[
     trunk_weights, head_weights = {}, {}
     adapted = lora.deltas(gguf, checkpoint.lora) if checkpoint.lora else {}
     dense_keys = dict(getattr(mapping, "DENSE", ()))
-    arrays = tensors(gguf, [name for name in gguf.tensors if name in dense_keys or mapping.key(name) is not None
-                            or RankHead.key(name) is not None])
+    tables = {name: _affine_table(gguf, name) for name in _lookup_tables(gguf, adapted)}
+    arrays = tensors(gguf, [name for name in gguf.tensors if name not in tables and (
+        name in dense_keys or mapping.key(name) is not None or RankHead.key(name) is not None)])
+    arrays.update({name: table[0] for name, table in tables.items()})
     dense_weights = {dense_keys[name]: arrays.pop(name) for name in gguf.tensors if name in dense_keys}
     for name in gguf.tensors:
         if name in dense_keys:
             continue
         hf_key = mapping.key(name)
         if hf_key is not None:
-            weight = arrays.pop(name)
+            weight = arrays.pop(name)  # a kept table's packed codes pass as they are (no mapping transforms one)
             if name in adapted:  # --lora: llama.cpp's adapters, merged
                 weight = weight.astype(mx.float32) + mx.array(adapted.pop(name))
             if hasattr(mapping, "transform"):
@@ -162,9 +164,59 @@ def build(checkpoint: Checkpoint, gguf: GGUFFile, dtype: str = "auto") -> tuple[
     expected = dict(tree_flatten(model.parameters()))
     weights = {k: v.reshape(expected[k].shape) if k in expected and v.shape != expected[k].shape
                and v.size == expected[k].size else v for k, v in weights.items()}
+    weights, quant = _with_tables(model, weights, list(tables.values()))
     compute = compute_dtype(dtype, weights)
-    materialize(model, weights, None, compute, f"{checkpoint.path} ({mapping.FAMILY} family)")
+    materialize(model, weights, quant, compute, f"{checkpoint.path} ({mapping.FAMILY} family)")
     return model, trunk, mapping.FAMILY, _projection(dense_weights, checkpoint, compute)
+
+
+# The token table is only looked up (a gather of the rows a pass reads), never multiplied, so in a format MLX's
+# quantized arrays share (quants.AFFINE_BITS) it keeps its bits on every device: an nn.QuantizedEmbedding gives
+# the rows dequantize_into would, bit for bit, from a fraction of the memory (SmolLM2-135M Q4_1's Q8_0 table:
+# 35 MB against 113 MB of float32, and that much less to write at startup).
+LOOKUP_TABLES = ("token_embd.weight",)
+
+AffineTable = tuple[mx.array, mx.array, mx.array, int]  # packed codes, scales, biases, bits
+
+
+def _lookup_tables(gguf: GGUFFile, adapted: dict) -> list[str]:
+    """The tensors of LOOKUP_TABLES this file stores in an MLX-affine format (a --lora delta on one: float)."""
+    return [name for name in LOOKUP_TABLES if name in gguf.tensors and name not in adapted
+            and gguf.tensors[name].ggml_type in quants.AFFINE_BITS and len(gguf.tensors[name].shape) == 2]
+
+
+def _affine_table(gguf: GGUFFile, name: str) -> AffineTable:
+    info = gguf.tensors[name]
+    packed, scales, biases = quants.to_mlx_affine(
+        info.ggml_type, gguf.raw(name).reshape(gguf.blocks(name), -1), info.shape[0])
+    return mx.array(packed), mx.array(scales), mx.array(biases), quants.AFFINE_BITS[info.ggml_type]
+
+
+def _with_tables(model: nn.Module, weights: dict[str, mx.array],
+                 tables: list[AffineTable]) -> tuple[dict[str, mx.array], Quantization | None]:
+    """The final weights with each kept table's scales and biases beside its codes, where the family looks it up
+    through a plain nn.Embedding large enough (weights.keeps_lookup_bits; else the table dequantized, as every
+    other tensor), and the quantization that makes those embeddings MLX's quantized ones (None: none kept)."""
+    if not tables:
+        return weights, None
+    by_codes = {id(table[0]): table for table in tables}
+    modules = dict(model.named_modules())
+    out, layers = dict(weights), {}
+    for key, value in weights.items():
+        table = by_codes.get(id(value))
+        if table is None:
+            continue
+        codes, scales, biases, bits = table
+        path = key.removesuffix(".weight")
+        if key.endswith(".weight") and path in modules and keeps_lookup_bits(modules[path]):
+            out[f"{path}.scales"], out[f"{path}.biases"] = scales, biases
+            layers[path] = {"group_size": quants.AFFINE_GROUP, "bits": bits}
+        else:
+            out[key] = mx.dequantize(codes, scales, biases, group_size=quants.AFFINE_GROUP, bits=bits)
+    if not layers:
+        return out, None
+    first = next(iter(layers.values()))
+    return out, Quantization(first["group_size"], first["bits"], layers)
 
 
 def _projection(dense: dict[str, mx.array], checkpoint: Checkpoint, compute: mx.Dtype) -> Projection | None:

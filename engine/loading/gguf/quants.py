@@ -154,6 +154,30 @@ def type_name(ggml_type: int) -> str:
 
 _INTO = {8: q8_0_into, 2: q4_0_into, 3: q4_1_into}
 
+# Q4_0, Q4_1 and Q8_0 are affine quantizations in groups of 32 (value = scale * q + offset), which is what MLX's
+# own quantized arrays are (mx.dequantize: scales * q + biases, group 32, bits 4 or 8): only the packing differs.
+# Every product of a float16 scale and a q of at most 8 bits is exact in float32, so mx.dequantize of the
+# repacked blocks gives the values dequantize_into gives, bit for bit.
+AFFINE_BITS = {2: 4, 3: 4, 8: 8}
+AFFINE_GROUP = 32
+
+
+def to_mlx_affine(ggml_type: int, blocks: np.ndarray, rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A Q4_0 / Q4_1 / Q8_0 tensor of `rows` rows, its blocks [n_blocks, block_bytes] in order -> MLX's
+    quantized form of the same values: (packed uint32 [rows, cols * bits / 32], scales float32 [rows, cols / 32],
+    biases float32 [rows, cols / 32])."""
+    d = _f16(blocks[:, :2])
+    if ggml_type == 8:  # int8 q -> uint8 q + 128 (the sign bit flipped), offset -128 d
+        codes = blocks[:, 2:] ^ np.uint8(0x80)
+        biases = d * np.float32(-128.0)
+    else:
+        qs = blocks[:, 4:] if ggml_type == 3 else blocks[:, 2:]
+        values = np.concatenate([qs & 0x0F, qs >> 4], axis=1)  # [n, 32] in order (low nibbles are values 0-15)
+        codes = values[:, 0::2] | (values[:, 1::2] << 4)  # MLX packs two values a byte, the first in the low nibble
+        biases = _f16(blocks[:, 2:4]) if ggml_type == 3 else d * np.float32(-8.0)
+    packed = np.ascontiguousarray(codes).reshape(rows, -1).view(np.uint32)
+    return packed, d.reshape(rows, -1), biases.reshape(rows, -1)
+
 
 def dequantize_into(ggml_type: int, blocks: np.ndarray, out: np.ndarray) -> None:
     """Blocks of a block format [n, block_bytes] dequantized into float32 out [n, block_values]: in place for
