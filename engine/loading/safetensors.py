@@ -147,7 +147,7 @@ class SafetensorsFormat:
             ftype=weights.ftype({**tensors, **(dense if projection is not None else {})}, quant),
             default_pooling=registry.default_pooling(checkpoint), projection=projection,
             input_builder=registry.input_builder(name, kind),
-            weights=weights.placement(quant is not None, keep, dtype_, model))
+            weights=weights.placement(quant is not None, keep, dtype_))
         if checkpoint.splade is not None:  # one vector over the vocabulary
             loaded.hidden_size, loaded.default_pooling = int(args.vocab_size), Pooling.SPLADE
         return loaded

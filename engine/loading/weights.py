@@ -6,8 +6,7 @@ config.json (optionally per layer) and store each quantized layer as a packed `w
 once at load, from the device (`keeps_bits`): on a GPU they become MLX's quantized layers (its quantized
 kernels are fast there); on a CPU, where MLX has no fast quantized matmul (4-bit MiniLM served at 0.038x its
 float folder's throughput, docs/limits-and-batching.md), they are dequantized to the compute dtype into plain
-nn.Linear weights, unless --keep-quantized trades that speed for their smaller memory; embedding tables keep
-their bits either way (KEPT_LOOKUPS).
+nn.Linear / nn.Embedding weights, unless --keep-quantized trades that speed for their smaller memory.
 """
 from __future__ import annotations
 
@@ -80,17 +79,20 @@ def placement(quantized: bool, kept: bool, dtype: mx.Dtype, module: nn.Module | 
     return f"dequantized to {name} at load" + (KEPT_LOOKUPS if lookups else "")
 
 
-# An embedding table is only looked up (the rows a pass reads, gathered), never multiplied, so it needs no fast
-# quantized matmul: on a CPU too a vocabulary's table stays an nn.QuantizedEmbedding, whose lookup dequantizes
-# just those rows (the values mx.dequantize of the whole table gives) from a fraction of the memory. That lookup
-# is three gathers and a dequantize, ~0.9 ms for 32 x 17 rows of 384 on this CPU against ~0.1 ms from a float
-# table, so small tables (positions, token types) are dequantized with the matmuls' weights.
+# A GGUF's token table is only looked up (the rows a pass reads, gathered), never multiplied, so it needs no
+# fast quantized matmul: in Q4_0 / Q4_1 / Q8_0 it stays an nn.QuantizedEmbedding (engine/loading/gguf/load.py),
+# whose lookup dequantizes just those rows from a fraction of the memory. That lookup is three gathers and a
+# dequantize, ~0.9 ms for 32 x 17 rows of 384 on this CPU against ~0.1 ms from a float table, so small tables
+# are dequantized with the matmuls' weights. MLX-quantized folders dequantize every table on a CPU: kept, the
+# 4-bit MiniLM's vocabulary measured 0.91-0.96x the throughput of the folder dequantized whole under 8
+# concurrent clients (no cost measurable on one lane, cause not found), and --keep-quantized is their memory
+# option.
 KEPT_LOOKUPS = ", embeddings kept quantized"
-KEPT_LOOKUP_FROM = 1 << 20  # values in a table that keeps its bits on a CPU (all-MiniLM's vocabulary: 11.7M)
+KEPT_LOOKUP_FROM = 1 << 20  # values in a table that keeps its bits (SmolLM2's vocabulary: 28.3M)
 
 
 def keeps_lookup_bits(layer: nn.Module) -> bool:
-    """Whether an embedding layer, before its weights are loaded, keeps a quantized table where the matmuls'
+    """Whether an embedding layer, before its weights are loaded, may keep a quantized table where the matmuls'
     weights are dequantized: a plain nn.Embedding (a family's own subclass may read its .weight) of at least
     KEPT_LOOKUP_FROM values."""
     return type(layer) is nn.Embedding and layer.weight.size >= KEPT_LOOKUP_FROM
@@ -143,11 +145,11 @@ def materialize(module: nn.Module, weights: dict[str, mx.array], quant: Quantiza
         if missing:
             raise UnsupportedCheckpoint(f"{what}: quantized tensors for layers that cannot be quantized: "
                                         f"{', '.join(missing[:5])}")
-        # without keep_bits only the lookup tables (plain nn.Embedding layers, KEPT_LOOKUPS) keep their bits
-        layers = dict(module.named_modules())
-        kept = quantizable if keep_bits else {path for path in quantizable if keeps_lookup_bits(layers[path])}
-        nn.quantize(module, class_predicate=lambda path, layer: path in kept and (quant.params_for(path) or False))
-        weights = dequantized(weights, quant, quantizable - kept)
+        if keep_bits:
+            nn.quantize(module, class_predicate=lambda path, layer: (
+                path in quantizable and (quant.params_for(path) or False)))
+        else:
+            weights = dequantized(weights, quant, quantizable)
     cast = {k: (v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) else v) for k, v in weights.items()}
     try:
         module.load_weights(list(cast.items()), strict=True)

@@ -78,12 +78,9 @@ def llama_float(tmp_path_factory):
 
 
 @pytest.mark.parametrize("bits", [4, 8])
-def test_quantized_llama_matches_transformers_on_its_dequantized_weights_both_ways(llama_float, tmp_path, bits,
-                                                                                 monkeypatch):
+def test_quantized_llama_matches_transformers_on_its_dequantized_weights_both_ways(llama_float, tmp_path, bits):
     """Dequantized at load (a CPU's default) and on MLX's quantized kernels (--keep-quantized; a GPU's default):
-    the same dequantized math, so the vectors agree with each other and with transformers on those weights. The
-    fixture's token table is small, so it is kept quantized at any size here (a vocabulary's table would be)."""
-    monkeypatch.setattr(weights, "KEPT_LOOKUP_FROM", 0)
+    the same dequantized math, so the vectors agree with each other and with transformers on those weights."""
     src = llama_float
     ref = load_hf_model(src, "AutoModelForCausalLM")  # a fresh copy: its weights are replaced below
     dequantized = quantize_folder(src, tmp_path / f"q{bits}", bits)
@@ -109,23 +106,18 @@ def test_quantized_llama_matches_transformers_on_its_dequantized_weights_both_wa
     float_info = formats.load(formats.open_checkpoint(src))
     dense_info, kernel_info = runs[False][0], runs[True][0]
     assert kernel_info.weights == "quantized kernels"
-    assert dense_info.weights == ("dequantized to float32 at load, embeddings kept quantized" if weights.on_cpu()
-                                  else "quantized kernels")
+    assert dense_info.weights == ("dequantized to float32 at load" if weights.on_cpu() else "quantized kernels")
     for info in (dense_info, kernel_info):
         assert info.ftype == f"MLX_Q{bits}_G{GROUP}/F32"  # what the checkpoint stores, either way
         assert info.n_params == float_info.n_params  # the values it encodes, not packed words
         assert info.resident_bytes == info.size_bytes
     assert kernel_info.size_bytes < float_info.size_bytes * (0.3 if bits == 4 else 0.45)
-    if weights.on_cpu():  # the matmuls' weights dequantized to float32, the embedding table still quantized
-        table = float_info.model.model.embed_tokens.weight
-        kept = formats.load(formats.open_checkpoint(tmp_path / f"q{bits}"), keep_quantized=True).model
-        quantized_table = sum(v.nbytes for v in kept.model.embed_tokens.parameters().values())
-        assert dense_info.size_bytes == float_info.size_bytes - table.nbytes + quantized_table
-        assert float_info.size_bytes > dense_info.size_bytes > kernel_info.size_bytes
+    if weights.on_cpu():  # dequantized to float32: as large as the float folder
+        assert dense_info.size_bytes == float_info.size_bytes > kernel_info.size_bytes
     assert float_info.weights == "float32"
 
 
-def test_layers_kept_float_stay_float(llama_float, tmp_path, monkeypatch):
+def test_layers_kept_float_stay_float(llama_float, tmp_path):
     src = llama_float
     quantize_folder(src, tmp_path / "mixed", 4, keep_float=("model.layers.0.mlp.down_proj",))
     ckpt = formats.open_checkpoint(tmp_path / "mixed")
@@ -134,16 +126,11 @@ def test_layers_kept_float_stay_float(llama_float, tmp_path, monkeypatch):
     assert isinstance(model.model.layers[1].mlp.down_proj, nn.QuantizedLinear)
     assert isinstance(model.model.embed_tokens, nn.QuantizedEmbedding)
     if weights.on_cpu():  # dequantized at load: plain layers only, the float one untouched
-        assert model.model.embed_tokens.weight.size * 8 < weights.KEPT_LOOKUP_FROM  # a small table: float too
-        loaded = formats.load(ckpt)
-        assert loaded.weights == "dequantized to float32 at load"
-        assert [path for path, layer in loaded.model.named_modules()
-                if isinstance(layer, (nn.QuantizedLinear, nn.QuantizedEmbedding))] == []
-        monkeypatch.setattr(weights, "KEPT_LOOKUP_FROM", 0)  # as large as a vocabulary's: kept, looked up
         model = formats.load(ckpt).model
         quantized = [path for path, layer in model.named_modules()
                      if isinstance(layer, (nn.QuantizedLinear, nn.QuantizedEmbedding))]
-        assert quantized == ["model.embed_tokens"]
+        assert quantized == []
+        assert isinstance(model.model.embed_tokens, nn.Embedding)
         assert model.model.layers[1].mlp.down_proj.weight.dtype == mx.float32
         raw = mx.load(str(src / "model.safetensors"))
         kept = model.model.layers[0].mlp.down_proj.weight

@@ -15,7 +15,6 @@ def test_props_and_log_say_how_quantized_weights_run(tmp_path):
     src, _ = save_random(tmp_path / "m", "LlamaForCausalLM", "LlamaConfig", seed=12, tie_word_embeddings=True)
     folder = tmp_path / "q4"
     quantize_folder(src, folder, 4)
-    # the fixture's token table is small (weights.KEPT_LOOKUP_FROM): dequantized with the rest
     dense = "dequantized to float32 at load" if weights.on_cpu() else "quantized kernels"
     seen = {}
     for name, args, env in (("default", (), clean_env()),
